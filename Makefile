@@ -1,0 +1,36 @@
+# The README's two commands: `make notebooks` (the main job) and `make test`.
+# Both set up .venv from nothing: the torch wheel named by TORCH_SPEC first (the CPU wheel by
+# default; a bare `torch` requirement would pull a multi-GB CUDA build), then the package.
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+STAMP      := $(VENV)/.sparsekv-installed
+KERNEL     := $(VENV)/share/jupyter/kernels/sparsekv/kernel.json
+
+.PHONY: setup notebooks test smoke clean
+
+setup: $(STAMP) $(KERNEL)
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[notebooks,dev]"
+	touch $(STAMP)
+
+# Registered inside the venv (--sys-prefix), so nothing is written to the user's home.
+$(KERNEL): $(STAMP)
+	$(PY) -m ipykernel install --sys-prefix --name sparsekv --display-name "Python (sparsekv)"
+
+notebooks: setup
+	$(PY) -m sparsekv.notebooks run
+
+smoke: setup
+	$(PY) -m sparsekv.notebooks smoke
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf build/notebooks .pytest_cache

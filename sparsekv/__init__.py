@@ -1,0 +1,16 @@
+"""sparsekv: lossless paged GQA KV blocks, with query-aware block-sparse routing on top.
+
+Storage (the `BlockStore`) and compute routing (the `Router`) are decoupled: blocks stay
+exact and shareable, and each decode step reads only the blocks its router selects.
+Importing this package has no side effects and needs no GPU.
+"""
+from .attention import AttentionResult, all_blocks, dense_attention, prefill_attention, sparse_attention
+from .block_pool import BlockPool, StoreFullError
+from .store import BlockStore, Reservation, Sequence, StoreConfig
+from .traffic import StepTraffic
+
+__all__ = [
+    "StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError", "BlockPool",
+    "dense_attention", "sparse_attention", "prefill_attention", "all_blocks", "AttentionResult",
+    "StepTraffic",
+]

@@ -1,0 +1,195 @@
+"""Decode and chunked-prefill attention over a `BlockStore`, with a backend dispatcher.
+
+Backends (forced with `backend=`, chosen by `"auto"` otherwise):
+    "reference"  plain torch, one kv head at a time: the readable definition.
+    "torch"      the vectorised CPU/GPU fast path: one indexed read per selected tile, GQA
+                 groups share each K/V read, float32 softmax.
+"auto" picks "torch". (The Triton kernels of issue 6 will register here as "triton".)
+
+Shapes (H = num_kv_heads, G = query heads per kv head, Hq = H * G, D = head_dim):
+    q       [Hq, D]        any float dtype; query head h reads kv head h // G
+    blocks  [H, K] int64   logical block indices per kv head, padded with -1
+    out     [Hq, D]        q.dtype
+    lse     [Hq]           float32 natural-log sum of exp(q.k / sqrt(D)) over the tokens read
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .checks import check_choice, check_int, check_tensor
+from .store import BlockStore, Sequence
+from .traffic import StepTraffic, attention_traffic
+
+BACKENDS = ("auto", "reference", "torch")
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """What a sparse decode step computed besides its output."""
+
+    lse: torch.Tensor        # [Hq] float32 log-sum-exp over the tokens read
+    blocks_read: int         # selected (kv head, block) tiles
+    traffic: StepTraffic     # bytes the step read
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.traffic.kv_bytes
+
+    @property
+    def meta_bytes(self) -> int:
+        return self.traffic.meta_bytes
+
+
+# -- public entry points --------------------------------------------------------------------
+
+def dense_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
+                    backend: str = "auto") -> torch.Tensor:
+    """Exact decode attention of one new token over every cached token of `seq` in `layer`."""
+    blocks = all_blocks(store, seq)
+    out, _ = sparse_attention(q, store, seq, layer, blocks, backend=backend)
+    return out
+
+
+def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
+                     blocks: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, AttentionResult]:
+    """Decode attention over the selected logical blocks only.
+
+    With every block selected it equals `dense_attention` to rounding. Returns the output
+    `[Hq, D]` and an `AttentionResult` with the log-sum-exp and the bytes read.
+    """
+    _check_decode_args(q, store, seq, layer)
+    _check_blocks(blocks, store, seq)
+    fn = _resolve(backend, q)
+    out, lse = fn(q, store, seq, layer, blocks)
+    c = store.config
+    traffic = attention_traffic(blocks, seq.num_tokens, c.block_size, c.head_dim, c.itemsize, q.shape[0])
+    return out, AttentionResult(lse, int((blocks >= 0).sum()), traffic)
+
+
+def all_blocks(store: BlockStore, seq: Sequence) -> torch.Tensor:
+    """The selection of every logical block for every kv head: [H, num_blocks]."""
+    H = store.config.num_kv_heads
+    return torch.arange(seq.num_blocks, device=store.config.device).expand(H, -1).contiguous()
+
+
+def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int) -> torch.Tensor:
+    """Causal attention of the last T tokens of `seq` over the cached prefix plus themselves.
+
+    q: [T, Hq, D], the queries of tokens [num_tokens - T, num_tokens), whose K/V are already
+    written. Returns [T, Hq, D] in q.dtype. Computed in float32 (float64 if q is float64).
+    """
+    c = store.config
+    store._check_seq(seq)
+    check_int("layer", layer, lo=0, hi=c.num_layers - 1)
+    check_tensor("q", q, (None, None, c.head_dim), device=c.device, finite=True)
+    T, Hq, D = q.shape
+    if Hq % c.num_kv_heads:
+        raise ValueError(f"q must have a multiple of num_kv_heads={c.num_kv_heads} heads, got {Hq}")
+    if not 1 <= T <= seq.num_tokens:
+        raise ValueError(f"q must hold between 1 and seq.num_tokens={seq.num_tokens} queries, got {T}")
+    G, N = Hq // c.num_kv_heads, seq.num_tokens
+    k, v = store.gather(seq, layer)                                       # [N, H, D]
+    cd = _compute_dtype(q)
+    qh = q.to(cd).view(T, c.num_kv_heads, G, D).permute(1, 2, 0, 3)       # [H, G, T, D]
+    s = qh @ k.to(cd).permute(1, 2, 0)[:, None] / math.sqrt(D)           # [H, G, T, N]
+    qpos = torch.arange(N - T, N, device=c.device)[:, None]
+    s = s.masked_fill(torch.arange(N, device=c.device)[None, :] > qpos, -torch.inf)
+    out = s.softmax(-1) @ v.to(cd).permute(1, 0, 2)[:, None]             # [H, G, T, D]
+    return out.permute(2, 0, 1, 3).reshape(T, Hq, D).to(q.dtype)
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+def _check_decode_args(q, store, seq, layer) -> None:
+    if not isinstance(store, BlockStore):
+        raise TypeError(f"store must be a BlockStore, got {type(store).__name__}")
+    c = store.config
+    store._check_seq(seq)
+    check_int("layer", layer, lo=0, hi=c.num_layers - 1)
+    check_tensor("q", q, (None, c.head_dim), device=c.device, finite=True)
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"q must be a floating tensor, got {q.dtype}")
+    if q.shape[0] % c.num_kv_heads:
+        raise ValueError(f"q must have a multiple of num_kv_heads={c.num_kv_heads} heads, got {q.shape[0]}")
+    if seq.num_tokens == 0:
+        raise ValueError("seq holds no tokens; append K/V before attending")
+
+
+def _check_blocks(blocks, store, seq) -> None:
+    H = store.config.num_kv_heads
+    check_tensor("blocks", blocks, (H, None), dtype=torch.long, device=store.config.device)
+    if blocks.numel() == 0:
+        raise ValueError("blocks must select at least one block per kv head, got K = 0")
+    if int(blocks.min()) < -1 or int(blocks.max()) >= seq.num_blocks:
+        raise ValueError(f"blocks must hold logical indices in [0, {seq.num_blocks}) or -1 padding, "
+                         f"got values in [{int(blocks.min())}, {int(blocks.max())}]")
+    if bool((blocks < 0).all(dim=1).any()):
+        raise ValueError("blocks must select at least one block for every kv head (a row is all -1)")
+    srt = blocks.sort(dim=1).values
+    if bool(((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any()):
+        raise ValueError("blocks must not select the same block twice for one kv head")
+
+
+# -- backends -------------------------------------------------------------------------------
+
+def _compute_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _sparse_reference(q, store, seq, layer, blocks):
+    """One kv head at a time: gather the selected rows, softmax, weighted sum."""
+    c = store.config
+    H, D = c.num_kv_heads, c.head_dim
+    G, cd = q.shape[0] // H, _compute_dtype(q)
+    table = seq.block_ids
+    outs, lses = [], []
+    for h in range(H):
+        ks, vs = [], []
+        for j in blocks[h].tolist():
+            if j < 0:
+                continue
+            n = min(c.block_size, seq.num_tokens - j * c.block_size)   # valid rows of block j
+            ks.append(store.k[layer, table[j], h, :n])
+            vs.append(store.v[layer, table[j], h, :n])
+        k, v = torch.cat(ks).to(cd), torch.cat(vs).to(cd)                 # [n_sel, D]
+        s = q[h * G:(h + 1) * G].to(cd) @ k.T / math.sqrt(D)              # [G, n_sel]
+        lses.append(torch.logsumexp(s, -1))
+        outs.append(s.softmax(-1) @ v)
+    return torch.cat(outs).to(q.dtype), torch.cat(lses).float()
+
+
+def _sparse_torch(q, store, seq, layer, blocks):
+    """Vectorised: one indexed read of the selected tiles, shared by each GQA group."""
+    c = store.config
+    H, D, bs = c.num_kv_heads, c.head_dim, c.block_size
+    G, cd = q.shape[0] // H, _compute_dtype(q)
+    K = blocks.shape[1]
+    table = store.block_table(seq)
+    logical = blocks.clamp(min=0)                                          # [H, K]
+    phys = table[logical]
+    head = torch.arange(H, device=q.device)[:, None]
+    kt = store.k[layer][phys, head].view(H, K * bs, D)                     # [H, K*bs, D]
+    vt = store.v[layer][phys, head].view(H, K * bs, D)
+    pos = logical[:, :, None] * bs + torch.arange(bs, device=q.device)     # [H, K, bs]
+    ok = ((pos < seq.num_tokens) & (blocks[:, :, None] >= 0)).view(H, 1, K * bs)
+    qg = q.view(H, G, D).to(cd)
+    s = torch.baddbmm(torch.zeros((), dtype=cd, device=q.device), qg, kt.to(cd).transpose(1, 2),
+                      beta=0.0, alpha=1.0 / math.sqrt(D))                  # [H, G, K*bs]
+    s = s.masked_fill(~ok, -torch.inf)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    out = torch.bmm((s - lse).exp(), vt.to(cd))                           # [H, G, D]
+    return out.view(H * G, D).to(q.dtype), lse.view(H * G).float()
+
+
+_IMPLS: dict[str, Callable] = {"reference": _sparse_reference, "torch": _sparse_torch}
+
+
+def _resolve(backend: str, q: torch.Tensor) -> Callable:
+    check_choice("backend", backend, BACKENDS)
+    if backend == "auto":
+        backend = "torch"
+    return _IMPLS[backend]

@@ -1,0 +1,156 @@
+"""Headless notebook runner on papermill: `python -m sparsekv.notebooks run|smoke [names]`.
+
+    run    every notebook at its own (full) parameters; executed copies and metrics go to
+           build/notebooks/full/, figures to figures/.
+    smoke  every notebook with the shared small parameters of notebooks/smoke.yaml; all
+           output (figures included) goes to --out (default build/notebooks/smoke/), so a
+           smoke run never overwrites figures/.
+
+Each notebook receives two injected parameters besides its own: `figures_dir` and
+`metrics_path` (absolute). The runner prints a progress line per notebook and a summary
+table, and exits non-zero if any notebook failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+SMOKE_FILE = NOTEBOOKS / "smoke.yaml"
+KERNEL = "sparsekv"
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    status: str                      # "ok" | "failed"
+    seconds: float
+    metrics_path: Path
+    executed_path: Path
+    error: str = ""
+    metrics: dict = field(default_factory=dict)
+
+
+def discover(names: list[str] | None = None, folder: Path = NOTEBOOKS) -> list[Path]:
+    """Notebooks `NN_topic.ipynb` in order; `names` filter by stem or prefix ("01", "01_dense...")."""
+    found = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return found
+    out = []
+    for n in names:
+        hits = [p for p in found if p.stem == n or p.stem.startswith(n)]
+        if not hits:
+            raise ValueError(f"names: no notebook matches {n!r}; have {[p.stem for p in found]}")
+        out += [p for p in hits if p not in out]
+    return out
+
+
+def smoke_parameters(stem: str, path: Path = SMOKE_FILE) -> dict:
+    """The smoke parameters of one notebook: the file's `defaults`, overlaid by its own entry."""
+    import yaml
+    spec = yaml.safe_load(path.read_text()) or {}
+    params = dict(spec.get("defaults") or {})
+    params.update((spec.get("notebooks") or {}).get(stem) or {})
+    return params
+
+
+def kernel_name() -> str:
+    """The registered `sparsekv` kernel if present (make setup registers it), else python3."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    return KERNEL if KERNEL in KernelSpecManager().find_kernel_specs() else "python3"
+
+
+def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | None = None,
+                 timeout: int = 1800) -> NotebookRun:
+    """Execute one notebook with papermill; never raises for a notebook failure."""
+    import papermill as pm
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    executed = out_dir / path.name
+    metrics_path = out_dir / f"{path.stem}.metrics.json"
+    metrics_path.unlink(missing_ok=True)
+    parameters = dict(params or {})
+    parameters.update(figures_dir=str(figures_dir.resolve()), metrics_path=str(metrics_path.resolve()))
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(str(path), str(executed), parameters=parameters, kernel_name=kernel_name(),
+                            cwd=str(path.parent), execution_timeout=timeout, progress_bar=False)
+        status, error = "ok", ""
+    except Exception as exc:  # papermill raises PapermillExecutionError with the cell's traceback
+        status, error = "failed", _short_error(exc)
+    seconds = time.perf_counter() - t0
+    run = NotebookRun(path.stem, status, seconds, metrics_path, executed, error)
+    if status == "ok" and not metrics_path.exists():
+        run.status, run.error = "failed", f"ran but wrote no metrics JSON at {metrics_path}"
+    if metrics_path.exists():
+        run.metrics = json.loads(metrics_path.read_text())
+    return run
+
+
+def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
+            timeout: int | None = None, stream=sys.stdout) -> list[NotebookRun]:
+    """Run the selected notebooks in `mode` ("run" = full, "smoke"), printing progress."""
+    if mode not in ("run", "smoke"):
+        raise ValueError(f"mode must be 'run' or 'smoke', got {mode!r}")
+    paths = discover(names)
+    if mode == "run":
+        out = out or ROOT / "build" / "notebooks" / "full"
+        figures = ROOT / "figures"
+    else:
+        out = out or ROOT / "build" / "notebooks" / "smoke"
+        figures = out / "figures"
+    timeout = timeout or (1800 if mode == "run" else 300)
+    runs = []
+    for i, path in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {path.stem} ({mode}) ...", file=stream, flush=True)
+        params = smoke_parameters(path.stem) if mode == "smoke" else {}
+        run = run_notebook(path, out, figures, params, timeout)
+        print(f"[{i}/{len(paths)}] {path.stem}: {run.status} in {run.seconds:.1f}s"
+              + (f"\n    {run.error}" if run.error else ""), file=stream, flush=True)
+        runs.append(run)
+    print(summary_table(runs), file=stream, flush=True)
+    return runs
+
+
+def summary_table(runs: list[NotebookRun]) -> str:
+    rows = [("notebook", "status", "seconds", "headline metrics")]
+    for r in runs:
+        m = r.metrics.get("metrics", {})
+        head = ", ".join(f"{k}={_fmt(m[k])}" for k in r.metrics.get("headline", []) if k in m)
+        rows.append((r.name, r.status, f"{r.seconds:.1f}", head))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3] for row in rows]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)
+
+
+def _fmt(x) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def _short_error(exc: Exception) -> str:
+    text = str(exc).strip() or traceback.format_exception_only(type(exc), exc)[-1]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-3:])[:600]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sparsekv.notebooks", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["run", "smoke"])
+    ap.add_argument("names", nargs="*", help="notebook stems or prefixes (default: all)")
+    ap.add_argument("--out", type=Path, default=None, help="folder for executed copies and metrics")
+    ap.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 1800 full, 300 smoke)")
+    args = ap.parse_args(argv)
+    runs = run_all(args.mode, args.names or None, args.out, args.timeout)
+    return 0 if all(r.status == "ok" for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

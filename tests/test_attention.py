@@ -1,0 +1,122 @@
+"""Every attention path against a float64 computation on fresh random inputs.
+
+Grid: GQA ratios 1, 2, 4, 8; head dims 64 and 128; float32 and bfloat16 storage; odd
+lengths with a partial last block, and a single-token sequence.
+"""
+import math
+
+import pytest
+import torch
+
+import sparsekv as sk
+from conftest import make_store
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}   # max abs error vs float64 on unit-variance V
+GRID = [(g, d, dt, n) for g in (1, 2, 4, 8) for d in (64, 128) for dt in (torch.float32, torch.bfloat16)
+        for n in (1, 37)]
+
+
+def exact(q, K, V, blocks=None, block_size=None):
+    """float64 softmax(q K^T / sqrt(d)) V per query head over the selected tokens."""
+    Hq, D = q.shape
+    H = K.shape[1]
+    G = Hq // H
+    out, lse = torch.empty(Hq, D, dtype=torch.float64), torch.empty(Hq, dtype=torch.float64)
+    for h in range(Hq):
+        kh, vh = K[:, h // G].double(), V[:, h // G].double()
+        if blocks is not None:
+            tok = torch.cat([torch.arange(b * block_size, min((b + 1) * block_size, len(K)))
+                             for b in blocks[h // G].tolist() if b >= 0])
+            kh, vh = kh[tok], vh[tok]
+        s = q[h].double() @ kh.T / math.sqrt(D)
+        out[h], lse[h] = s.softmax(-1) @ vh, torch.logsumexp(s, -1)
+    return out, lse
+
+
+def fill(store, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    c = store.config
+    seq = store.new_sequence()
+    k = torch.randn(c.num_layers, n, c.num_kv_heads, c.head_dim, generator=g).to(c.dtype)
+    v = torch.randn(c.num_layers, n, c.num_kv_heads, c.head_dim, generator=g).to(c.dtype)
+    store.append(seq, k, v)
+    return seq, g
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("G,D,dtype,n", GRID)
+def test_dense_matches_float64(backend, G, D, dtype, n):
+    store = make_store(layers=2, kv_heads=2, head_dim=D, block_size=16, num_blocks=8, dtype=dtype)
+    seq, g = fill(store, n, seed=hash((G, D, n)) % 1000)
+    q = torch.randn(2 * G, D, generator=g).to(dtype)
+    K, V = store.gather(seq, 1)
+    out = sk.dense_attention(q, store, seq, 1, backend=backend)
+    assert out.shape == (2 * G, D) and out.dtype == dtype
+    want, _ = exact(q, K, V)
+    assert (out.double() - want).abs().max() < TOL[dtype] * (10 if dtype == torch.bfloat16 else 1)
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("G,D,dtype", [(g, d, dt) for g in (1, 2, 4, 8) for d in (64, 128)
+                                       for dt in (torch.float32, torch.bfloat16)])
+def test_sparse_matches_float64_with_padding_and_partial_block(backend, G, D, dtype):
+    store = make_store(layers=1, kv_heads=3, head_dim=D, block_size=16, num_blocks=16, dtype=dtype)
+    seq, g = fill(store, 101, seed=G * D)            # 7 blocks, the last holds 5 tokens
+    q = torch.randn(3 * G, D, generator=g)
+    blocks = torch.tensor([[6, 0, 3, -1], [2, -1, -1, 6], [5, 4, 1, 0]])   # unsorted, padded
+    out, res = sk.sparse_attention(q, store, seq, 0, blocks, backend=backend)
+    K, V = store.gather(seq, 0)
+    want, lse = exact(q, K, V, blocks, 16)
+    tol = 2e-5 if dtype == torch.float32 else 1e-5     # K/V already rounded; compute is float32
+    assert (out.double() - want).abs().max() < tol
+    assert (res.lse.double() - lse).abs().max() < 1e-4
+    # bytes: 16 rows per full block, 5 for block 6; K and V; fp32 4 B, bf16 2 B
+    rows = (5 + 16 + 16) + (16 + 5) + 16 * 4      # per kv head: {6,0,3}, {2,6}, {5,4,1,0}
+    assert res.kv_bytes == 2 * rows * D * store.config.itemsize
+    assert res.blocks_read == 9
+
+
+def test_backends_agree_and_sparse_all_equals_dense():
+    store = make_store(layers=1, kv_heads=4, head_dim=64, block_size=8, num_blocks=32)
+    seq, g = fill(store, 77, seed=3)
+    q = torch.randn(16, 64, generator=g)
+    dense = sk.dense_attention(q, store, seq, 0)
+    for backend in ("reference", "torch"):
+        out, _ = sk.sparse_attention(q, store, seq, 0, sk.all_blocks(store, seq), backend=backend)
+        torch.testing.assert_close(out, dense, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("G,D", [(1, 64), (4, 128), (8, 64)])
+def test_chunked_prefill_reference_matches_float64(G, D):
+    store = make_store(layers=1, kv_heads=2, head_dim=D, block_size=16, num_blocks=16)
+    seq, g = fill(store, 45, seed=G)
+    T = 13                                           # the last 13 tokens attend causally
+    q = torch.randn(T, 2 * G, D, generator=g)
+    out = sk.prefill_attention(q, store, seq, 0)
+    K, V = store.gather(seq, 0)
+    for t in range(T):
+        n = 45 - T + t + 1                           # token t sees positions [0, n)
+        want, _ = exact(q[t], K[:n], V[:n])
+        assert (out[t].double() - want).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("make,exc,words", [
+    (lambda s, q: dict(q=q[:, :8]), ValueError, "q must have shape"),
+    (lambda s, q: dict(q=q[:3]), ValueError, "multiple of num_kv_heads"),
+    (lambda s, q: dict(q=q * float("nan")), ValueError, "finite"),
+    (lambda s, q: dict(blocks=torch.tensor([[0], [1]], dtype=torch.int32)), TypeError, "blocks must have dtype"),
+    (lambda s, q: dict(blocks=torch.tensor([[0, 9], [1, 2]])), ValueError, "logical indices"),
+    (lambda s, q: dict(blocks=torch.tensor([[0, 0], [1, 2]])), ValueError, "twice"),
+    (lambda s, q: dict(blocks=torch.tensor([[-1, -1], [1, 2]])), ValueError, "all -1"),
+    (lambda s, q: dict(layer=5), ValueError, "layer"),
+    (lambda s, q: dict(backend="cuda"), ValueError, "backend must be one of"),
+])
+def test_bad_attention_arguments_name_the_argument(make, exc, words):
+    store = make_store()
+    seq = store.new_sequence()
+    store.append(seq, torch.randn(2, 10, 2, 16), torch.randn(2, 10, 2, 16))
+    q = torch.randn(4, 16)
+    args = dict(q=q, layer=0, blocks=torch.tensor([[0, 1], [2, -1]]), backend="auto")
+    args.update(make(store, q))
+    with pytest.raises(exc, match=words):
+        sk.sparse_attention(args["q"], store, seq, args["layer"], args["blocks"], backend=args["backend"])

@@ -1,0 +1,17 @@
+"""The install layout: kernels/ is sparsekv.kernels, never a top-level `kernels`."""
+import importlib.util
+import subprocess
+import sys
+
+
+def test_kernels_is_a_subpackage_not_top_level():
+    assert importlib.util.find_spec("sparsekv.kernels") is not None
+    # Run from an empty folder so the repository root is not on sys.path.
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('kernels') is not None)"
+    assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0
+
+
+def test_import_has_no_heavy_side_effects():
+    code = ("import sys, sparsekv; bad = [m for m in ('matplotlib', 'papermill', 'triton', 'transformers') "
+            "if m in sys.modules]; sys.exit(1 if bad else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0
