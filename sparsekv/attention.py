@@ -171,9 +171,13 @@ def _sparse_torch(q, store, seq, layer, blocks):
     table = store.block_table(seq)
     logical = blocks.clamp(min=0)                                          # [H, K]
     phys = table[logical]
-    head = torch.arange(H, device=q.device)[:, None]
-    kt = store.k[layer][phys, head].view(H, K * bs, D)                     # [H, K*bs, D]
-    vt = store.v[layer][phys, head].view(H, K * bs, D)
+    # Tile (block b, kv head h) is row b * H + h of the layer viewed as [NB * H, bs, D]:
+    # one index_select copies each selected tile as a single contiguous run.
+    rows = (phys * H + torch.arange(H, device=q.device)[:, None]).view(-1)
+    ws = store.workspace
+    kt = torch.index_select(store.k[layer].view(-1, bs, D), 0, rows, out=ws.take("k", (H * K, bs, D), c.dtype))
+    vt = torch.index_select(store.v[layer].view(-1, bs, D), 0, rows, out=ws.take("v", (H * K, bs, D), c.dtype))
+    kt, vt = kt.view(H, K * bs, D), vt.view(H, K * bs, D)                  # [H, K*bs, D]
     pos = logical[:, :, None] * bs + torch.arange(bs, device=q.device)     # [H, K, bs]
     ok = ((pos < seq.num_tokens) & (blocks[:, :, None] >= 0)).view(H, 1, K * bs)
     qg = q.view(H, G, D).to(cd)
@@ -193,3 +197,22 @@ def _resolve(backend: str, q: torch.Tensor) -> Callable:
     if backend == "auto":
         backend = "torch"
     return _IMPLS[backend]
+
+
+def block_attention_mass(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int) -> torch.Tensor:
+    """True softmax attention mass of each logical block, per query head: [Hq, num_blocks] float32.
+
+    Computed densely over every token (rows sum to 1). It is what the `oracle` scorer ranks
+    by and what attention-mass recall is measured against. Reads all of K: an analysis tool,
+    not a decode path.
+    """
+    _check_decode_args(q, store, seq, layer)
+    c = store.config
+    H, D, bs, N = c.num_kv_heads, c.head_dim, c.block_size, seq.num_tokens
+    G = q.shape[0] // H
+    k, _ = store.gather(seq, layer)                                       # [N, H, D]
+    s = q.float().view(H, G, D) @ k.float().permute(1, 2, 0) / math.sqrt(D)   # [H, G, N]
+    p = s.softmax(-1)
+    pad = seq.num_blocks * bs - N
+    p = torch.nn.functional.pad(p, (0, pad)).view(H, G, seq.num_blocks, bs).sum(-1)
+    return p.reshape(H * G, seq.num_blocks)

@@ -5,6 +5,8 @@ Physical layout, per layer (one contiguous slab per (layer, block, kv head)):
     K, V      : [num_layers, num_blocks, num_kv_heads, block_size, head_dim]   config.dtype
     kmin/kmax : [num_layers, num_blocks, num_kv_heads, head_dim]               config.dtype
     kmean     : [num_layers, num_blocks, num_kv_heads, head_dim]               config.dtype
+                (min/max/mean are stored head-major: `kmax[l].transpose(0, 1)` is a
+                contiguous [num_kv_heads, num_blocks, head_dim] matrix per layer)
     krepr     : [num_layers, num_blocks, num_kv_heads, repr_keys, head_dim]    config.dtype
 
 A selected block of one kv head is therefore a single `block_size * head_dim` run of
@@ -26,6 +28,7 @@ import torch
 
 from .block_pool import BlockPool, StoreFullError
 from .checks import check_int, check_tensor
+from .workspace import Workspace
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -141,14 +144,19 @@ class BlockStore:
         kw = dict(dtype=c.dtype, device=c.device)
         self.k = torch.zeros(*tile, c.block_size, c.head_dim, **kw)
         self.v = torch.zeros(*tile, c.block_size, c.head_dim, **kw)
-        self.kmin = torch.zeros(*tile, c.head_dim, **kw)
-        self.kmax = torch.zeros(*tile, c.head_dim, **kw)
-        self.kmean = torch.zeros(*tile, c.head_dim, **kw)
+        # Summaries have the documented shape [L, NB, H, D] but live head-major in memory
+        # ([L, H, NB, D] contiguous), so a scorer multiplies a query head against one
+        # contiguous [NB, D] matrix per kv head instead of gathering a copy each step.
+        def head_major():
+            return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.head_dim, **kw).transpose(1, 2)
+
+        self.kmin, self.kmax, self.kmean = head_major(), head_major(), head_major()
         self.krepr = torch.zeros(*tile, c.repr_keys, c.head_dim, **kw)
         self.pool = BlockPool(c.num_blocks)
         self._fill = [0] * c.num_blocks          # valid tokens in each physical block
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
+        self.workspace = Workspace(c.device)     # scratch for the decode fast path
 
     # -- sequences ----------------------------------------------------------------------
     @property

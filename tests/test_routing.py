@@ -1,0 +1,207 @@
+"""Scorers and selectors on constructed cases whose right answer is known exactly."""
+import math
+
+import pytest
+import torch
+
+import sparsekv as sk
+from sparsekv import metrics, probes
+from conftest import make_store
+
+QUERY_AWARE = [n for n, c in sk.ROUTERS.items() if c.query_aware]
+
+
+def random_setup(n=203, H=2, G=4, D=32, bs=16, seed=0, dtype=torch.float32):
+    store = make_store(layers=1, kv_heads=H, head_dim=D, block_size=bs, num_blocks=64, dtype=dtype, repr_keys=3)
+    g = torch.Generator().manual_seed(seed)
+    seq = store.new_sequence()
+    store.append(seq, (2 * torch.randn(1, n, H, D, generator=g)).to(dtype), torch.randn(1, n, H, D, generator=g).to(dtype))
+    return store, seq, torch.randn(H * G, D, generator=g) * 2
+
+
+def probe_store(p, bs=16):
+    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=p.k.shape[1], head_dim=p.k.shape[2],
+                                         block_size=bs, num_blocks=p.k.shape[0] // bs + 2))
+    return store, p.write(store)
+
+
+def test_registry_lists_every_scorer():
+    assert set(sk.ROUTERS) == {"minmax", "mean", "repr", "oracle", "recency", "random"}
+
+
+@pytest.mark.parametrize("scorer", QUERY_AWARE)
+def test_top_p_one_selects_every_block(scorer):
+    store, seq, q = random_setup()
+    sel = sk.Router(scorer, top_p=1.0).select(q, store, seq, 0)
+    assert sel.blocks.tolist() == [list(range(seq.num_blocks))] * 2
+
+
+@pytest.mark.parametrize("scorer", list(sk.ROUTERS))
+def test_forced_blocks_always_read_and_count_toward_budget(scorer):
+    store, seq, q = random_setup()                   # 13 blocks, the last partial (11 tokens)
+    sel = sk.Router(scorer, top_k=5, sink_blocks=2, local_blocks=2).select(q, store, seq, 0)
+    for row in sel.blocks.tolist():
+        assert len(row) == 5 and -1 not in row       # exactly the budget, sinks and locals included
+        assert {0, 1, 11, 12} <= set(row)
+        assert row == sorted(row)
+
+
+def test_token_budget_converts_to_blocks():
+    store, seq, q = random_setup()
+    sel = sk.Router("minmax", token_budget=70).select(q, store, seq, 0)   # 70 // 16 = 4 blocks
+    assert sel.num_selected.tolist() == [4, 4]
+
+
+def test_oracle_mass_recall_is_never_below_any_scorer_at_the_same_k():
+    for seed in range(5):
+        store, seq, q = random_setup(seed=seed)
+        mass = sk.block_attention_mass(q, store, seq, 0)
+        for k in (2, 4, 7):
+            # Compare with the group-shared selection both sides, forced blocks off except one local.
+            best = metrics.attention_mass_recall(mass, sk.Router("oracle", top_k=k, sink_blocks=0).select(
+                q, store, seq, 0).blocks).view(2, 4).mean(1)
+            for name in sk.ROUTERS:
+                other = metrics.attention_mass_recall(mass, sk.Router(name, top_k=k, sink_blocks=0).select(
+                    q, store, seq, 0).blocks).view(2, 4).mean(1)
+                assert (best >= other - 1e-6).all(), (seed, k, name)
+
+
+def test_minmax_finds_the_washout_needle_that_mean_misses():
+    p = probes.washout(probes.ProbeConfig(length=1024, head_dim=64, seed=1), depth=0.43, block_size=16)
+    store, seq = probe_store(p)
+    needle = p.needle_blocks(16)
+    blocks = {n: sk.Router(n, top_k=4).select(p.q, store, seq, 0).blocks for n in ("minmax", "mean")}
+    assert metrics.needle_recall(blocks["minmax"], needle) == 1.0
+    assert metrics.needle_recall(blocks["mean"], needle) == 0.0
+
+
+def test_mean_is_fooled_by_near_duplicate_distractors_and_minmax_is_not():
+    p = probes.needle(probes.ProbeConfig(length=2048, head_dim=64, seed=2), depth=0.5, distractor_sim=0.3,
+                      distractor_blocks=8, block_size=16)
+    store, seq = probe_store(p)
+    needle = p.needle_blocks(16)
+    assert metrics.needle_recall(sk.Router("minmax", top_k=6).select(p.q, store, seq, 0).blocks, needle) == 1.0
+    assert metrics.needle_recall(sk.Router("mean", top_k=6).select(p.q, store, seq, 0).blocks, needle) == 0.0
+
+
+def test_minmax_logit_is_an_upper_bound_on_every_key_in_the_block():
+    store, seq, q = random_setup(seed=3)
+    sel = sk.Router("minmax", top_p=1.0)
+    c = store.config
+    inp = sk.routing.ScoreInput(q.view(2, 4, 32), store, seq, 0, store.block_table(seq))
+    bound = sel.scorer.logits(inp, "torch", None) * math.sqrt(32)          # [H, G, nb]
+    K, _ = store.gather(seq, 0)
+    for j in range(seq.num_blocks):
+        rows = K[j * 16:(j + 1) * 16]                                         # [n, H, D]
+        qk = torch.einsum("hgd,nhd->hgn", q.view(2, 4, 32), rows).amax(-1)
+        assert (bound[:, :, j] >= qk - 1e-4).all()
+
+
+@pytest.mark.parametrize("scorer", ["minmax", "mean", "repr", "oracle"])
+def test_scoring_backends_agree(scorer):
+    store, seq, q = random_setup(seed=4)
+    r = sk.Router(scorer, top_k=4)
+    a = r.select(q, store, seq, 0, backend="reference")
+    b = r.select(q, store, seq, 0, backend="torch")
+    torch.testing.assert_close(a.mass, b.mass, rtol=1e-5, atol=1e-6)
+    assert torch.equal(a.blocks, b.blocks)
+
+
+def test_mean_and_repr_scores_match_their_definitions():
+    store, seq, q = random_setup(seed=5)
+    K, _ = store.gather(seq, 0)
+    qg = q.view(2, 4, 32)
+    inp = sk.routing.ScoreInput(qg, store, seq, 0, store.block_table(seq))
+    mean = sk.routing.MeanScorer().logits(inp, "torch", None) * math.sqrt(32)
+    rep = sk.routing.ReprScorer().logits(inp, "torch", None) * math.sqrt(32)
+    for j in range(seq.num_blocks):
+        rows = K[j * 16:(j + 1) * 16]
+        torch.testing.assert_close(mean[:, :, j], torch.einsum("hgd,hd->hg", qg, rows.mean(0)), atol=1e-4, rtol=1e-5)
+        far = (rows - rows.mean(0)).norm(dim=-1).topk(3, dim=0).indices      # [3, H] the stated rule
+        for h in range(2):
+            want = (qg[h] @ rows[far[:, h], h].T).amax(-1)
+            torch.testing.assert_close(rep[h, :, j], want, atol=1e-4, rtol=1e-5)
+
+
+def test_recency_reads_the_latest_blocks_and_random_is_seeded():
+    store, seq, q = random_setup()
+    assert sk.Router("recency", top_k=4).select(q, store, seq, 0).blocks.tolist() == [[0, 10, 11, 12]] * 2
+    a = sk.Router("random", top_k=5, seed=7).select(q, store, seq, 0).blocks
+    b = sk.Router("random", top_k=5, seed=7).select(q, store, seq, 0).blocks
+    assert torch.equal(a, b)
+
+
+def test_threshold_margins():
+    store, seq, q = random_setup()
+    tight = sk.Router("oracle", threshold=0.0, sink_blocks=0).select(q, store, seq, 0)
+    top1 = sk.Router("oracle", top_k=2, sink_blocks=0).select(q, store, seq, 0)   # best + local
+    assert set(tight.blocks[0].tolist()) - {-1} <= set(top1.blocks[0].tolist())
+    loose = sk.Router("oracle", threshold=1e6).select(q, store, seq, 0)
+    assert loose.num_selected.tolist() == [seq.num_blocks] * 2
+
+
+def test_adaptive_reads_fewer_blocks_on_a_peaked_query_and_k_on_a_diffuse_one():
+    p = probes.needle(probes.ProbeConfig(length=1024, head_dim=64, strength=20, seed=3), depth=0.5)
+    store, seq = probe_store(p)
+    peaked = sk.Router("minmax", top_k=12, adaptive_mass=0.9).select(p.q, store, seq, 0)
+    assert peaked.num_selected.max() < 12
+    assert metrics.needle_recall(peaked.blocks, p.needle_blocks(16)) == 1.0
+    store2, seq2, q2 = random_setup(n=1024, D=64)
+    diffuse = sk.Router("minmax", top_k=12, adaptive_mass=0.99).select(q2 * 0.01, store2, seq2, 0)
+    assert diffuse.num_selected.tolist() == [12, 12]
+
+
+def test_per_head_reads_the_union_of_its_query_heads():
+    store, seq, q = random_setup(seed=6)
+    sel = sk.Router("minmax", top_k=4, gqa="per_head").select(q, store, seq, 0)
+    assert sel.head_blocks.shape == (8, 4)
+    for h in range(2):
+        union = set(sel.head_blocks[4 * h:4 * h + 4].flatten().tolist()) - {-1}
+        assert set(sel.blocks[h].tolist()) - {-1} == union
+    shared = sk.Router("minmax", top_k=4).select(q, store, seq, 0)
+    assert (sel.num_selected >= shared.num_selected).all()
+
+
+def test_oracle_selection_of_all_blocks_equals_dense():
+    store, seq, q = random_setup()
+    sel = sk.Router("oracle", top_k=seq.num_blocks).select(q, store, seq, 0)
+    out, _ = sk.sparse_attention(q, store, seq, 0, sel.blocks)
+    torch.testing.assert_close(out, sk.dense_attention(q, store, seq, 0), rtol=0, atol=1e-6)
+
+
+def test_routing_bytes_follow_the_summaries_each_scorer_reads():
+    store, seq, q = random_setup()
+    nb, H, D = seq.num_blocks, 2, 32
+    b = {n: sk.Router(n, top_k=4).select(q, store, seq, 0).traffic.summary_bytes for n in sk.ROUTERS}
+    assert b["minmax"] == nb * H * 2 * D * 4 and b["mean"] == nb * H * D * 4
+    assert b["repr"] == nb * H * 3 * D * 4 and b["oracle"] == seq.num_tokens * H * D * 4
+    assert b["recency"] == b["random"] == 0
+
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    (dict(scorer="quest"), ValueError, "scorer must be one of"),
+    (dict(), ValueError, "exactly one of"),
+    (dict(top_k=4, top_p=0.5), ValueError, "exactly one of"),
+    (dict(top_k=1), ValueError, "top_k must be >= 2"),
+    (dict(top_p=1.5), ValueError, "top_p"),
+    (dict(scorer="recency", top_p=0.5), ValueError, "ignores the query"),
+    (dict(top_k=4, gqa="group"), ValueError, "gqa must be one of"),
+    (dict(top_k=4, local_blocks=0), ValueError, "local_blocks"),
+    (dict(top_p=0.9, adaptive_mass=0.5), ValueError, "adaptive_mass needs top_k"),
+    (dict(top_k="4"), TypeError, "top_k must be an int"),
+])
+def test_bad_router_arguments(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        sk.Router(**kwargs)
+
+
+def test_metrics_on_known_selections():
+    store, seq, q = random_setup()
+    mass = sk.block_attention_mass(q, store, seq, 0)
+    every = sk.all_blocks(store, seq)
+    torch.testing.assert_close(metrics.attention_mass_recall(mass, every), torch.ones(8), atol=1e-5, rtol=0)
+    assert metrics.needle_recall(torch.tensor([[0, 3], [3, -1]]), [3]) == 1.0
+    assert metrics.needle_recall(torch.tensor([[0, 3], [1, -1]]), [3]) == 0.5
+    assert metrics.block_recall(torch.tensor([[0, 3], [1, -1]]), torch.tensor([[3, 5], [1, 2]])) == 0.5
+    e = metrics.evaluate(sk.Router("oracle", top_k=seq.num_blocks), q, store, seq, 0)
+    assert e.rel_error < 1e-6 and abs(e.mass_recall - 1) < 1e-5 and e.block_recall == 1.0
