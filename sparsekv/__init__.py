@@ -4,7 +4,7 @@ Storage (the `BlockStore`) and compute routing (the `Router`) are decoupled: blo
 exact and shareable, and each decode step reads only the blocks its router selects.
 Importing this package has no side effects and needs no GPU.
 """
-from .attention import (AttentionResult, all_blocks, block_attention_mass, dense_attention, prefill_attention,
+from .attention import (AttentionResult, all_blocks, batch_attention, block_attention_mass, dense_attention, prefill_attention,
                         sparse_attention)
 from .block_pool import BlockPool, StoreFullError
 from .store import BlockStore, Reservation, Sequence, StoreConfig
@@ -14,6 +14,6 @@ from . import metrics, probes
 
 __all__ = [
     "StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError", "BlockPool",
-    "dense_attention", "sparse_attention", "prefill_attention", "all_blocks", "AttentionResult",
+    "dense_attention", "sparse_attention", "batch_attention", "prefill_attention", "all_blocks", "AttentionResult",
     "block_attention_mass", "StepTraffic", "Router", "Selection", "ROUTERS", "metrics", "probes",
 ]

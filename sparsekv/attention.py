@@ -49,9 +49,11 @@ class AttentionResult:
 def dense_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
                     backend: str = "auto") -> torch.Tensor:
     """Exact decode attention of one new token over every cached token of `seq` in `layer`."""
-    blocks = all_blocks(store, seq)
-    out, _ = sparse_attention(q, store, seq, layer, blocks, backend=backend)
-    return out
+    _check_decode_args(q, store, seq, layer)
+    check_choice("backend", backend, BACKENDS)
+    if backend == "reference":
+        return _sparse_reference(q, store, seq, layer, all_blocks(store, seq))[0]
+    return _dense_torch(q, store, seq, layer)[0]
 
 
 def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
@@ -68,6 +70,35 @@ def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: i
     c = store.config
     traffic = attention_traffic(blocks, seq.num_tokens, c.block_size, c.head_dim, c.itemsize, q.shape[0])
     return out, AttentionResult(lse, int((blocks >= 0).sum()), traffic)
+
+
+def batch_attention(q: torch.Tensor, store: BlockStore, seqs: list[Sequence], layer: int,
+                    blocks: list[torch.Tensor] | None = None, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention for B sequences of different lengths in one call.
+
+    q: [B, Hq, D]; seqs: B live sequences; blocks: None (dense) or B selections [H, K_b].
+    Returns out [B, Hq, D] (q.dtype) and lse [B, Hq] (float32). With `backend="torch"` the
+    sparse case gathers every sequence's tiles with one indexed read and runs one batched
+    product over all B * H groups; the dense case reads each sequence in place.
+    """
+    if not isinstance(seqs, (list, tuple)) or not seqs:
+        raise TypeError("seqs must be a non-empty list of Sequence")
+    check_tensor("q", q, (len(seqs), None, store.config.head_dim), device=store.config.device, finite=True)
+    if blocks is not None and len(blocks) != len(seqs):
+        raise ValueError(f"blocks must hold one selection per sequence ({len(seqs)}), got {len(blocks)}")
+    for b, seq in enumerate(seqs):
+        _check_decode_args(q[b], store, seq, layer)
+        if blocks is not None:
+            _check_blocks(blocks[b], store, seq)
+    check_choice("backend", backend, BACKENDS)
+    if blocks is None:
+        pairs = [(_sparse_reference(q[b], store, s, layer, all_blocks(store, s)) if backend == "reference"
+                  else _dense_torch(q[b], store, s, layer)) for b, s in enumerate(seqs)]
+    elif backend == "reference":
+        pairs = [_sparse_reference(q[b], store, s, layer, blocks[b]) for b, s in enumerate(seqs)]
+    else:
+        return _sparse_torch_batch(q, store, seqs, layer, blocks)
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
 def all_blocks(store: BlockStore, seq: Sequence) -> torch.Tensor:
@@ -168,24 +199,100 @@ def _sparse_torch(q, store, seq, layer, blocks):
     H, D, bs = c.num_kv_heads, c.head_dim, c.block_size
     G, cd = q.shape[0] // H, _compute_dtype(q)
     K = blocks.shape[1]
-    table = store.block_table(seq)
     logical = blocks.clamp(min=0)                                          # [H, K]
-    phys = table[logical]
-    # Tile (block b, kv head h) is row b * H + h of the layer viewed as [NB * H, bs, D]:
-    # one index_select copies each selected tile as a single contiguous run.
-    rows = (phys * H + torch.arange(H, device=q.device)[:, None]).view(-1)
+    phys = store.block_table(seq)[logical]
+    # Head-major layout: tile (block b, kv head h) is row h * NB + b of the layer viewed as
+    # [H * NB, bs, D]; one index_select copies each selected tile as a single contiguous run.
+    rows = (phys + torch.arange(H, device=q.device)[:, None] * c.num_blocks).view(-1)
     ws = store.workspace
-    kt = torch.index_select(store.k[layer].view(-1, bs, D), 0, rows, out=ws.take("k", (H * K, bs, D), c.dtype))
-    vt = torch.index_select(store.v[layer].view(-1, bs, D), 0, rows, out=ws.take("v", (H * K, bs, D), c.dtype))
+    kt = torch.index_select(_rows_view(store.k, layer, c), 0, rows, out=ws.take("k", (H * K, bs, D), c.dtype))
+    vt = torch.index_select(_rows_view(store.v, layer, c), 0, rows, out=ws.take("v", (H * K, bs, D), c.dtype))
     kt, vt = kt.view(H, K * bs, D), vt.view(H, K * bs, D)                  # [H, K*bs, D]
     pos = logical[:, :, None] * bs + torch.arange(bs, device=q.device)     # [H, K, bs]
     ok = ((pos < seq.num_tokens) & (blocks[:, :, None] >= 0)).view(H, 1, K * bs)
     qg = q.view(H, G, D).to(cd)
-    s = torch.baddbmm(torch.zeros((), dtype=cd, device=q.device), qg, kt.to(cd).transpose(1, 2),
-                      beta=0.0, alpha=1.0 / math.sqrt(D))                  # [H, G, K*bs]
-    s = s.masked_fill(~ok, -torch.inf)
+    s = torch.bmm(qg, kt.to(cd).transpose(1, 2)).mul_(1.0 / math.sqrt(D))   # [H, G, K*bs]
+    s = s.masked_fill_(~ok, -torch.inf)
     lse = torch.logsumexp(s, -1, keepdim=True)
-    out = torch.bmm((s - lse).exp(), vt.to(cd))                           # [H, G, D]
+    out = torch.bmm(s.sub_(lse).exp_(), vt.to(cd))                        # [H, G, D]
+    return out.view(H * G, D).to(q.dtype), lse.view(H * G).float()
+
+
+def _sparse_torch_batch(q, store, seqs, layer, blocks):
+    """All sequences' selected tiles in one index_select, one bmm over B * H groups."""
+    c = store.config
+    B, H, D, bs = len(seqs), c.num_kv_heads, c.head_dim, c.block_size
+    G, cd = q.shape[1] // H, _compute_dtype(q)
+    K = max(b.shape[1] for b in blocks)
+    sel = torch.full((B, H, K), -1, dtype=torch.long, device=q.device)
+    phys = torch.zeros((B, H, K), dtype=torch.long, device=q.device)
+    ntok = torch.tensor([s.num_tokens for s in seqs], device=q.device)
+    for b, (seq, blk) in enumerate(zip(seqs, blocks)):                      # per sequence, not per block
+        sel[b, :, :blk.shape[1]] = blk
+        phys[b] = store.block_table(seq)[sel[b].clamp(min=0)]
+    rows = (phys + torch.arange(H, device=q.device)[None, :, None] * c.num_blocks).view(-1)
+    ws = store.workspace
+    kt = torch.index_select(_rows_view(store.k, layer, c), 0, rows, out=ws.take("k", (B * H * K, bs, D), c.dtype))
+    vt = torch.index_select(_rows_view(store.v, layer, c), 0, rows, out=ws.take("v", (B * H * K, bs, D), c.dtype))
+    kt, vt = kt.view(B * H, K * bs, D), vt.view(B * H, K * bs, D)
+    pos = sel.clamp(min=0)[..., None] * bs + torch.arange(bs, device=q.device)      # [B, H, K, bs]
+    ok = ((pos < ntok[:, None, None, None]) & (sel[..., None] >= 0)).view(B * H, 1, K * bs)
+    qg = q.reshape(B * H, G, D).to(cd)
+    s = torch.bmm(qg, kt.to(cd).transpose(1, 2)).mul_(1.0 / math.sqrt(D)).masked_fill_(~ok, -torch.inf)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    out = torch.bmm(s.sub_(lse).exp_(), vt.to(cd))
+    return out.view(B, H * G, D).to(q.dtype), lse.view(B, H * G).float()
+
+
+def _rows_view(t: torch.Tensor, layer: int, c) -> torch.Tensor:
+    """A head-major K or V layer as [H * NB, bs, D] (a view: no copy)."""
+    return t[layer].transpose(0, 1).reshape(-1, c.block_size, c.head_dim)
+
+
+CONVERT_CHUNK_BYTES = 4 << 20   # float32 scratch per piece when storage is not float32
+
+
+def _pieces(runs, convert: bool, H: int, bs: int, D: int):
+    """Runs as they are for float32 storage; otherwise split so each converted piece fits
+    CONVERT_CHUNK_BYTES, so bf16/fp16 decode never converts the whole cache at once."""
+    if not convert:
+        yield from runs
+        return
+    step = max(1, CONVERT_CHUNK_BYTES // (H * bs * D * 4))
+    for first, p0, n in runs:
+        for i in range(0, n, step):
+            yield first + i, p0 + i, min(step, n - i)
+
+
+def _dense_torch(q, store, seq, layer):
+    """Dense decode without copying the cache: one bmm per run of consecutive physical blocks.
+
+    Per run, K and V of every kv head are contiguous [n * bs, D] matrices (head-major
+    layout), so the products read the cache in place. Runs are merged with their
+    log-sum-exp (flash-decoding's split merge); the partial last block is masked.
+    """
+    c = store.config
+    H, D, bs, N = c.num_kv_heads, c.head_dim, c.block_size, seq.num_tokens
+    G, cd = q.shape[0] // H, _compute_dtype(q)
+    qg = q.view(H, G, D).to(cd)
+    kh, vh = store.k[layer].transpose(0, 1), store.v[layer].transpose(0, 1)   # [H, NB, bs, D] views
+    outs, lses = [], []
+    for first, p0, n in _pieces(store.physical_runs(seq), convert=c.dtype != cd, H=H, bs=bs, D=D):
+        k = kh[:, p0:p0 + n].reshape(H, n * bs, D)                        # views: contiguous per head
+        v = vh[:, p0:p0 + n].reshape(H, n * bs, D)
+        valid = min(n * bs, N - first * bs)                                # only the last run is partial
+        k, v = k[:, :valid], v[:, :valid]
+        s = torch.bmm(qg, k.to(cd).transpose(1, 2), out=store.workspace.take("s", (H, G, valid), cd))
+        s.mul_(1.0 / math.sqrt(D))
+        lse = torch.logsumexp(s, -1, keepdim=True)                         # [H, G, 1]
+        outs.append(torch.bmm(s.sub_(lse).exp_(), v.to(cd)))               # [H, G, D]
+        lses.append(lse)
+    if len(outs) == 1:
+        out, lse = outs[0], lses[0]
+    else:
+        L = torch.stack(lses)                                              # [R, H, G, 1]
+        lse = torch.logsumexp(L, 0)
+        out = ((L - lse).exp() * torch.stack(outs)).sum(0)
     return out.view(H * G, D).to(q.dtype), lse.view(H * G).float()
 
 

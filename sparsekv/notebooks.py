@@ -1,10 +1,14 @@
 """Headless notebook runner on papermill: `python -m sparsekv.notebooks run|smoke [names]`.
 
-    run    every notebook at its own (full) parameters; executed copies and metrics go to
-           build/notebooks/full/, figures to figures/.
-    smoke  every notebook with the shared small parameters of notebooks/smoke.yaml; all
-           output (figures included) goes to --out (default build/notebooks/smoke/), so a
-           smoke run never overwrites figures/.
+    run       every notebook at its own (full) parameters; executed copies and metrics go to
+              build/notebooks/full/, figures and a copy of each metrics JSON to figures/.
+              The summary compares headline metrics with the committed figures/*.metrics.json.
+    smoke     every notebook with the shared small parameters of notebooks/smoke.yaml; all
+              output (figures included) goes to --out (default build/notebooks/smoke/), so a
+              smoke run never overwrites figures/. Metrics are compared with the committed
+              baselines in tests/baselines/ (see sparsekv.baselines).
+    baseline  a smoke run that re-records tests/baselines/NN.smoke.json; commit the change
+              with the reason the metrics moved.
 
 Each notebook receives two injected parameters besides its own: `figures_dir` and
 `metrics_path` (absolute). The runner prints a progress line per notebook and a summary
@@ -35,6 +39,8 @@ class NotebookRun:
     executed_path: Path
     error: str = ""
     metrics: dict = field(default_factory=dict)
+    reference: dict = field(default_factory=dict)   # the committed metrics compared against
+    regression: str = ""                            # the comparison's failure table, if any
 
 
 def discover(names: list[str] | None = None, folder: Path = NOTEBOOKS) -> list[Path]:
@@ -95,9 +101,10 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
 
 def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
             timeout: int | None = None, stream=sys.stdout) -> list[NotebookRun]:
-    """Run the selected notebooks in `mode` ("run" = full, "smoke"), printing progress."""
-    if mode not in ("run", "smoke"):
-        raise ValueError(f"mode must be 'run' or 'smoke', got {mode!r}")
+    """Run the selected notebooks in `mode` ("run", "smoke" or "baseline"), printing progress."""
+    from . import baselines
+    if mode not in ("run", "smoke", "baseline"):
+        raise ValueError(f"mode must be 'run', 'smoke' or 'baseline', got {mode!r}")
     paths = discover(names)
     if mode == "run":
         out = out or ROOT / "build" / "notebooks" / "full"
@@ -109,24 +116,43 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
     runs = []
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.stem} ({mode}) ...", file=stream, flush=True)
-        params = smoke_parameters(path.stem) if mode == "smoke" else {}
+        params = {} if mode == "run" else smoke_parameters(path.stem)
+        ref_path = baselines.baseline_path(path.stem, "full" if mode == "run" else "smoke")
+        reference = json.loads(ref_path.read_text()) if ref_path.exists() else {}
         run = run_notebook(path, out, figures, params, timeout)
+        run.reference = reference
+        if run.status == "ok":
+            if mode in ("run", "baseline"):
+                ref_path.parent.mkdir(parents=True, exist_ok=True)
+                ref_path.write_text(json.dumps(run.metrics, indent=1, sort_keys=True))
+            if mode == "smoke":
+                if not reference:
+                    run.status, run.error = "failed", f"no baseline at {ref_path}; record one with 'baseline'"
+                else:
+                    cmp = baselines.compare(reference, run.metrics)
+                    if not cmp.ok:
+                        run.status, run.regression = "regressed", cmp.table()
+                        (out / f"{path.stem}.diff.json").write_text(cmp.to_json())
         print(f"[{i}/{len(paths)}] {path.stem}: {run.status} in {run.seconds:.1f}s"
-              + (f"\n    {run.error}" if run.error else ""), file=stream, flush=True)
+              + (f"\n    {run.error}" if run.error else "") + (f"\n{run.regression}" if run.regression else ""),
+              file=stream, flush=True)
         runs.append(run)
     print(summary_table(runs), file=stream, flush=True)
     return runs
 
 
 def summary_table(runs: list[NotebookRun]) -> str:
-    rows = [("notebook", "status", "seconds", "headline metrics")]
+    """One line per notebook: status, runtime, headline metrics as now (committed)."""
+    rows = [("notebook", "status", "seconds", "headline metrics: now (committed)")]
     for r in runs:
         m = r.metrics.get("metrics", {})
-        head = ", ".join(f"{k}={_fmt(m[k])}" for k in r.metrics.get("headline", []) if k in m)
+        ref = r.reference.get("metrics", {})
+        head = ", ".join(f"{k}={_fmt(m[k])} ({_fmt(ref[k]) if k in ref else '-'})"
+                         for k in r.metrics.get("headline", []) if k in m)
         rows.append((r.name, r.status, f"{r.seconds:.1f}", head))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3] for row in rows]
-    lines.insert(1, "-" * max(len(line) for line in lines))
+    lines.insert(1, "-" * min(160, max(len(line) for line in lines)))
     return "\n".join(lines)
 
 
@@ -143,7 +169,7 @@ def _short_error(exc: Exception) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sparsekv.notebooks", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["run", "smoke"])
+    ap.add_argument("mode", choices=["run", "smoke", "baseline"])
     ap.add_argument("names", nargs="*", help="notebook stems or prefixes (default: all)")
     ap.add_argument("--out", type=Path, default=None, help="folder for executed copies and metrics")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 1800 full, 300 smoke)")

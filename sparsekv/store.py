@@ -3,6 +3,8 @@
 Physical layout, per layer (one contiguous slab per (layer, block, kv head)):
 
     K, V      : [num_layers, num_blocks, num_kv_heads, block_size, head_dim]   config.dtype
+                (stored head-major: `k[l].transpose(0, 1)` is a contiguous
+                [num_kv_heads, num_blocks, block_size, head_dim] tensor per layer)
     kmin/kmax : [num_layers, num_blocks, num_kv_heads, head_dim]               config.dtype
     kmean     : [num_layers, num_blocks, num_kv_heads, head_dim]               config.dtype
                 (min/max/mean are stored head-major: `kmax[l].transpose(0, 1)` is a
@@ -88,6 +90,7 @@ class Sequence:
     num_tokens: int = 0
     _blocks: list[int] = field(default_factory=list, repr=False)
     alive: bool = True
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)   # derived from _blocks
 
     @property
     def block_ids(self) -> list[int]:
@@ -142,8 +145,15 @@ class BlockStore:
         c = self.config = config
         tile = (c.num_layers, c.num_blocks, c.num_kv_heads)
         kw = dict(dtype=c.dtype, device=c.device)
-        self.k = torch.zeros(*tile, c.block_size, c.head_dim, **kw)
-        self.v = torch.zeros(*tile, c.block_size, c.head_dim, **kw)
+        # K/V have the documented shape [L, NB, H, bs, D] but live head-major in memory
+        # ([L, H, NB, bs, D] contiguous): every tile is one contiguous bs x D slab, and a run of
+        # consecutive physical blocks of one kv head is one contiguous [n * bs, D] matrix, which
+        # dense decode multiplies without copying.
+        def tiles():
+            return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.block_size, c.head_dim,
+                               **kw).transpose(1, 2)
+
+        self.k, self.v = tiles(), tiles()
         # Summaries have the documented shape [L, NB, H, D] but live head-major in memory
         # ([L, H, NB, D] contiguous), so a scorer multiplies a query head against one
         # contiguous [NB, D] matrix per kv head instead of gathering a copy each step.
@@ -203,9 +213,31 @@ class BlockStore:
         return freed
 
     def block_table(self, seq: Sequence) -> torch.Tensor:
-        """Physical block ids of `seq` in logical order, a [num_blocks] LongTensor on the store device."""
+        """Physical block ids of `seq` in logical order, a [num_blocks] LongTensor on the store device.
+
+        Cached per sequence until its blocks change; treat it as read-only.
+        """
         self._check_seq(seq)
-        return torch.tensor(seq._blocks, dtype=torch.long, device=self.config.device)
+        key = ("table", len(seq._blocks), seq._blocks[-1] if seq._blocks else -1)
+        if seq._cache.get("table_key") != key:
+            seq._cache.clear()
+            seq._cache["table_key"] = key
+            seq._cache["table"] = torch.tensor(seq._blocks, dtype=torch.long, device=self.config.device)
+        return seq._cache["table"]
+
+    def physical_runs(self, seq: Sequence) -> list[tuple[int, int, int]]:
+        """Maximal runs of consecutive physical ids: (first logical block, first physical id, length).
+
+        A freshly allocated sequence is usually one run; fragmentation (frees, forks,
+        copy-on-write) splits it. Cached with the block table.
+        """
+        table = self.block_table(seq)
+        if "runs" not in seq._cache:
+            breaks = (torch.nonzero(table[1:] != table[:-1] + 1).flatten() + 1).tolist()
+            starts = [0] + breaks
+            ends = breaks + [len(table)]
+            seq._cache["runs"] = [(a, int(table[a]), b - a) for a, b in zip(starts, ends)]
+        return seq._cache["runs"]
 
     def block_fill(self, block_id: int) -> int:
         """Valid tokens held by a physical block."""

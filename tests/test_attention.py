@@ -120,3 +120,56 @@ def test_bad_attention_arguments_name_the_argument(make, exc, words):
     args.update(make(store, q))
     with pytest.raises(exc, match=words):
         sk.sparse_attention(args["q"], store, seq, args["layer"], args["blocks"], backend=args["backend"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_fast_path_over_fragmented_tables_matches_float64(dtype):
+    """Interleaved appends and a copy-on-write fork split block tables into many physical runs."""
+    store = make_store(layers=1, kv_heads=2, head_dim=64, block_size=8, num_blocks=64, dtype=dtype)
+    g = torch.Generator().manual_seed(11)
+    a, b = store.new_sequence(), store.new_sequence()
+    for T in (13, 5, 9, 20, 3):                     # alternate: a and b take turns allocating blocks
+        for seq in (a, b):
+            store.append(seq, torch.randn(1, T, 2, 64, generator=g).to(dtype), torch.randn(1, T, 2, 64, generator=g).to(dtype))
+    c = store.fork(a)
+    store.append(c, torch.randn(1, 6, 2, 64, generator=g).to(dtype), torch.randn(1, 6, 2, 64, generator=g).to(dtype))
+    for seq in (a, b, c):
+        assert len(store.physical_runs(seq)) > 1
+        q = torch.randn(8, 64, generator=g)
+        K, V = store.gather(seq, 0)
+        want, _ = exact(q, K, V)
+        got = sk.dense_attention(q, store, seq, 0, backend="torch")
+        assert (got.double() - want).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("G,D", [(1, 64), (4, 128), (8, 64)])
+def test_batched_decode_matches_per_sequence_float64(backend, G, D):
+    store = make_store(layers=1, kv_heads=2, head_dim=D, block_size=16, num_blocks=64)
+    g = torch.Generator().manual_seed(G + D)
+    seqs = []
+    for n in (1, 37, 100, 64):                       # different lengths, one single-token, one exact fit
+        s = store.new_sequence()
+        store.append(s, torch.randn(1, n, 2, D, generator=g), torch.randn(1, n, 2, D, generator=g))
+        seqs.append(s)
+    q = torch.randn(4, 2 * G, D, generator=g)
+    blocks = [torch.tensor([[0], [0]]), torch.tensor([[2, 0], [1, -1]]),
+              torch.tensor([[6, 3, 0], [5, -1, -1]]), torch.tensor([[3, 1], [0, 2]])]
+    out, lse = sk.batch_attention(q, store, seqs, 0, blocks, backend=backend)
+    dense, _ = sk.batch_attention(q, store, seqs, 0, None, backend=backend)
+    for b, seq in enumerate(seqs):
+        K, V = store.gather(seq, 0)
+        want, want_lse = exact(q[b], K, V, blocks[b], 16)
+        assert (out[b].double() - want).abs().max() < 2e-5
+        assert (lse[b].double() - want_lse).abs().max() < 1e-4
+        assert (dense[b].double() - exact(q[b], K, V)[0]).abs().max() < 2e-5
+
+
+def test_batched_decode_rejects_mismatched_blocks():
+    store = make_store()
+    s = store.new_sequence()
+    store.append(s, torch.randn(2, 5, 2, 16), torch.randn(2, 5, 2, 16))
+    with pytest.raises(ValueError, match="one selection per sequence"):
+        sk.batch_attention(torch.randn(1, 4, 16), store, [s], 0, [])
+    with pytest.raises(ValueError, match="q must have shape"):
+        sk.batch_attention(torch.randn(2, 4, 16), store, [s], 0)

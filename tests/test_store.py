@@ -21,7 +21,10 @@ def test_append_allocates_in_free_queue_order_and_reads_back(store):
 def test_tiles_are_contiguous_block_size_by_head_dim(store):
     tile = store.k[1, 3, 0]
     assert tile.shape == (4, 16) and tile.is_contiguous()
-    assert store.k.stride(2) == 4 * 16               # next kv head starts one tile later
+    assert store.k.stride(1) == 4 * 16               # head-major: the next block of a head is the next tile
+    run = store.k[0, 2:5, 1]                         # three consecutive blocks of kv head 1
+    assert run.reshape(3 * 4, 16).data_ptr() == run.data_ptr()   # one contiguous [3 * bs, D] matrix
+    assert store.kmax[0].transpose(0, 1).is_contiguous()         # summaries head-major too
 
 
 def test_fork_shares_then_copy_on_write(store):

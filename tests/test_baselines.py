@@ -1,0 +1,65 @@
+"""The regression comparison itself, exercised on copies of the committed baselines."""
+import copy
+import json
+
+import pytest
+
+from sparsekv import baselines, notebooks as nbrun
+
+STEMS = [p.stem for p in nbrun.discover()]
+
+
+def load(stem):
+    return json.loads(baselines.baseline_path(stem, "smoke").read_text())
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_every_notebook_has_committed_smoke_and_full_metrics(stem):
+    smoke = baselines.baseline_path(stem, "smoke")
+    full = baselines.baseline_path(stem, "full")
+    assert smoke.exists(), f"record it: python -m sparsekv.notebooks baseline {stem}"
+    assert full.exists(), f"run the full notebook: python -m sparsekv.notebooks run {stem}"
+    assert baselines.compare(load(stem), load(stem)).ok
+
+
+def test_a_five_point_recall_drop_fails_with_a_readable_table():
+    base = load("01_dense_vs_sparse_baselines")
+    now = copy.deepcopy(base)
+    name = next(k for k in now["metrics"] if k.startswith("minmax.mass_recall"))
+    now["metrics"][name] -= 0.05           # as if the router dropped its best block
+    cmp = baselines.compare(base, now)
+    assert not cmp.ok and [d.metric for d in cmp.failures] == [name]
+    table = cmp.table()
+    for word in (name, "baseline", "now", "tolerance", "direction", "down"):
+        assert word in table
+    assert json.loads(cmp.to_json())["failures"][0]["metric"] == name
+
+
+def test_doubled_bytes_fail():
+    base = load("01_dense_vs_sparse_baselines")
+    now = copy.deepcopy(base)
+    name = next(k for k in now["metrics"] if "bytes_ratio" in k)
+    now["metrics"][name] *= 2
+    assert [d.metric for d in baselines.compare(base, now).failures] == [name]
+
+
+def test_removed_and_new_metrics_fail():
+    base = load("00_tour")
+    now = copy.deepcopy(base)
+    gone = sorted(now["metrics"])[0]
+    del now["metrics"][gone]
+    now["metrics"]["surprise"] = 1.0
+    cmp = baselines.compare(base, now)
+    assert {(d.metric, d.direction) for d in cmp.failures} == {(gone, "missing"), ("surprise", "new")}
+
+
+def test_exact_metrics_allow_no_change_and_timing_allows_a_wide_band():
+    base = {"notebook": "x", "metrics": {"count": 3, "t": 0.4, "r": 0.9},
+            "kinds": {"count": "exact", "t": "timing", "r": "numeric"}}
+    tol = baselines.DEFAULT_TOLERANCES
+    move = lambda **kw: {**base, "metrics": {**base["metrics"], **kw}}
+    assert not baselines.compare(base, move(count=4), tol).ok
+    assert baselines.compare(base, move(t=1.1), tol).ok          # x2.75: inside x3
+    assert not baselines.compare(base, move(t=1.3), tol).ok      # x3.25
+    assert baselines.compare(base, move(r=0.905), tol).ok
+    assert not baselines.compare(base, move(r=0.85), tol).ok
