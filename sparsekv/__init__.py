@@ -9,6 +9,9 @@ from .attention import (AttentionResult, all_blocks, batch_attention, block_atte
 from .block_pool import BlockPool, StoreFullError
 from .store import BlockStore, Reservation, Sequence, StoreConfig
 from .routing import ROUTERS, Router, Selection
+from .model import Model, ModelConfig
+from .checkpoint import load_model
+from .engine import Engine, RequestStats
 from .traffic import StepTraffic
 from . import metrics, probes
 
@@ -16,4 +19,5 @@ __all__ = [
     "StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError", "BlockPool",
     "dense_attention", "sparse_attention", "batch_attention", "prefill_attention", "all_blocks", "AttentionResult",
     "block_attention_mass", "StepTraffic", "Router", "Selection", "ROUTERS", "metrics", "probes",
+    "Model", "ModelConfig", "load_model", "Engine", "RequestStats",
 ]

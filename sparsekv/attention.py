@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from .checks import check_choice, check_int, check_tensor
 from .store import BlockStore, Sequence
@@ -107,12 +108,40 @@ def all_blocks(store: BlockStore, seq: Sequence) -> torch.Tensor:
     return torch.arange(seq.num_blocks, device=store.config.device).expand(H, -1).contiguous()
 
 
-def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
+                      backend: str = "auto") -> torch.Tensor:
     """Causal attention of the last T tokens of `seq` over the cached prefix plus themselves.
 
     q: [T, Hq, D], the queries of tokens [num_tokens - T, num_tokens), whose K/V are already
-    written. Returns [T, Hq, D] in q.dtype. Computed in float32 (float64 if q is float64).
+    written. Returns [T, Hq, D] in q.dtype. "reference" computes the full score matrix in
+    float32 (float64 if q is float64); "torch" (the default) runs SDPA with GQA and the
+    causal offset of the cached prefix, so it never forms the [Hq, T, N] scores on the CPU's
+    flash path.
     """
+    check_choice("backend", backend, BACKENDS)
+    if backend != "reference" and q.dtype != torch.float64:
+        return _prefill_sdpa(q, store, seq, layer)
+    return _prefill_reference(q, store, seq, layer)
+
+
+def _prefill_sdpa(q, store, seq, layer):
+    c = store.config
+    _check_prefill_args(q, store, seq, layer)
+    T, Hq, D = q.shape
+    N = seq.num_tokens
+    k, v = store.gather(seq, layer)                                       # [N, H, D]
+    cd = torch.float32 if q.dtype == torch.float32 else q.dtype
+    qh = q.to(cd).permute(1, 0, 2)[None]                                  # [1, Hq, T, D]
+    kh, vh = k.to(cd).permute(1, 0, 2)[None], v.to(cd).permute(1, 0, 2)[None]
+    if T == N:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+    else:
+        mask = torch.arange(N, device=q.device)[None, :] <= torch.arange(N - T, N, device=q.device)[:, None]
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+    return out[0].permute(1, 0, 2).to(q.dtype)
+
+
+def _check_prefill_args(q, store, seq, layer):
     c = store.config
     store._check_seq(seq)
     check_int("layer", layer, lo=0, hi=c.num_layers - 1)
@@ -122,6 +151,13 @@ def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: 
         raise ValueError(f"q must have a multiple of num_kv_heads={c.num_kv_heads} heads, got {Hq}")
     if not 1 <= T <= seq.num_tokens:
         raise ValueError(f"q must hold between 1 and seq.num_tokens={seq.num_tokens} queries, got {T}")
+
+
+def _prefill_reference(q, store, seq, layer):
+    """The definition: full causal score matrix over the prefix plus the new tokens."""
+    c = store.config
+    _check_prefill_args(q, store, seq, layer)
+    T, Hq, D = q.shape
     G, N = Hq // c.num_kv_heads, seq.num_tokens
     k, v = store.gather(seq, layer)                                       # [N, H, D]
     cd = _compute_dtype(q)

@@ -86,18 +86,22 @@ def test_backends_agree_and_sparse_all_equals_dense():
         torch.testing.assert_close(out, dense, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["reference", "torch"])
 @pytest.mark.parametrize("G,D", [(1, 64), (4, 128), (8, 64)])
-def test_chunked_prefill_reference_matches_float64(G, D):
+def test_chunked_prefill_matches_float64(backend, G, D):
     store = make_store(layers=1, kv_heads=2, head_dim=D, block_size=16, num_blocks=16)
     seq, g = fill(store, 45, seed=G)
     T = 13                                           # the last 13 tokens attend causally
     q = torch.randn(T, 2 * G, D, generator=g)
-    out = sk.prefill_attention(q, store, seq, 0)
+    out = sk.prefill_attention(q, store, seq, 0, backend=backend)
     K, V = store.gather(seq, 0)
     for t in range(T):
         n = 45 - T + t + 1                           # token t sees positions [0, n)
         want, _ = exact(q[t], K[:n], V[:n])
         assert (out[t].double() - want).abs().max() < 2e-5
+    # The whole sequence at once (T == N) takes SDPA's causal path.
+    full = sk.prefill_attention(torch.randn(45, 2 * G, D, generator=g), store, seq, 0, backend=backend)
+    assert full.shape == (45, 2 * G, D) and torch.isfinite(full).all()
 
 
 @pytest.mark.parametrize("make,exc,words", [

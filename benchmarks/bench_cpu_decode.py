@@ -1,0 +1,237 @@
+"""CPU decode benchmark: sparsekv sparse and dense against SDPA and FlexAttention, each over its floor.
+
+    python -m benchmarks.bench_cpu_decode            # full: 16k, 64k, 128k tokens; fp32 and bf16
+    python benchmarks/bench_cpu_decode.py --quick    # a fast pass over small contexts
+
+One run measures, on this machine:
+  * read bandwidth: median time of summing a 1 GiB tensor;
+  * matmul rate: median of a decode-shaped batched product ([H, G, D] x [H, D, N], float32),
+    because with G = 4 query heads per kv head this CPU is close to compute-bound;
+  * per case (context, dtype): sparsekv sparse (routing + attention), sparsekv dense,
+    torch SDPA dense (enable_gqa), and FlexAttention compiled with a BlockMask of the same
+    selection (attention only: the selection is handed to it).
+Each variant's floor is the bytes it must read over the measured bandwidth (dense: all K/V;
+sparse: the selected K/V plus the summaries it scores; Flex: the selected K/V). Times are
+medians after warm-up; the table reports time over floor and ratios between variants, which
+are what transfers between machines. Results go to benchmarks/results/cpu_decode.json and
+figures/cpu_decode.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:          # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+import sparsekv as sk                  # noqa: E402
+from sparsekv.traffic import attention_traffic, dense_traffic   # noqa: E402
+
+
+def median_time(fn, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def read_bandwidth(repeats: int) -> float:
+    """Bytes per second of a large float32 reduction (reads 1 GiB)."""
+    x = torch.ones(2**28)
+    t = median_time(lambda: x.sum(), repeats, 2)
+    return x.numel() * 4 / t
+
+
+def matmul_rate(H: int, G: int, D: int, repeats: int, N: int = 512) -> float:
+    """FLOP/s of the decode-shaped product q [H, G, D] x k^T [H, D, N] in float32, on a K small
+    enough (H * N * D * 4 bytes = 2 MiB by default) to stay in cache: the compute rate, not memory."""
+    q, k = torch.randn(H, G, D), torch.randn(H, N, D)
+    inner = 50
+    t = median_time(lambda: [torch.bmm(q, k.transpose(1, 2)) for _ in range(inner)], repeats, 2) / inner
+    return 2 * H * G * D * N / t
+
+
+def build_case(n: int, dtype: torch.dtype, H: int, D: int, bs: int, seed: int):
+    cfg = sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs,
+                         num_blocks=-(-n // bs) + 1, dtype=dtype, repr_keys=0)
+    store = sk.BlockStore(cfg)
+    seq = store.new_sequence()
+    g = torch.Generator().manual_seed(seed)
+    chunk = 16384
+    for i in range(0, n, chunk):       # append in chunks to bound temporary memory
+        t = min(chunk, n - i)
+        store.append(seq, torch.randn(1, t, H, D, generator=g).to(dtype), torch.randn(1, t, H, D, generator=g).to(dtype))
+    return store, seq
+
+
+def run_case(n, dtype, args, bw, flex_fn):
+    H, G, D, bs = args.kv_heads, args.q_heads // args.kv_heads, args.head_dim, args.block_size
+    store, seq = build_case(n, dtype, H, D, bs, seed=n)
+    q = torch.randn(H * G, D).to(dtype)
+    router = sk.Router("minmax", token_budget=args.budget)
+    sel = router.select(q, store, seq, 0)
+    itemsize = store.config.itemsize
+    res = {"context": n, "dtype": str(dtype).replace("torch.", "")}
+
+    def sparse_step():
+        s = router.select(q, store, seq, 0)
+        return sk.sparse_attention(q, store, seq, 0, s.blocks)[0]
+
+    res["sparse_s"] = median_time(sparse_step, args.repeats, args.warmup)
+    res["dense_s"] = median_time(lambda: sk.dense_attention(q, store, seq, 0), args.repeats, args.warmup)
+    # Peers read contiguous [1, H, N, D] tensors (their native layout), built outside the timing.
+    k4 = store.gather(seq, 0)[0].permute(1, 0, 2).unsqueeze(0).contiguous()
+    v4 = store.gather(seq, 0)[1].permute(1, 0, 2).unsqueeze(0).contiguous()
+    q4 = q.view(1, H * G, 1, D)
+    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
+    res["sdpa_s"] = median_time(sdpa, args.repeats, args.warmup)
+
+    # Correctness in the same run: dense == SDPA, sparse == Flex over the same selection.
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    dense_out = sk.dense_attention(q, store, seq, 0).float()
+    res["dense_vs_sdpa_maxerr"] = float((dense_out - sdpa()[0, :, 0].float()).abs().max())
+    if flex_fn is not None:
+        from torch.nn.attention.flex_attention import create_block_mask
+        nb = seq.num_blocks
+        chosen = sk.metrics.selected_mask(sel.blocks, nb)                     # [H, nb] bool
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return chosen[h // G, kv_idx // bs] & (kv_idx < n)
+
+        t0 = time.perf_counter()
+        bm = create_block_mask(mask_mod, 1, H * G, 1, nb * bs, device="cpu", BLOCK_SIZE=(1, bs))
+        res["flex_mask_s"] = time.perf_counter() - t0
+        kp = torch.nn.functional.pad(k4, (0, 0, 0, nb * bs - n))
+        vp = torch.nn.functional.pad(v4, (0, 0, 0, nb * bs - n))
+        flex = lambda: flex_fn(q4, kp, vp, block_mask=bm, enable_gqa=True)
+        t0 = time.perf_counter()
+        flex_out = flex()
+        res["flex_first_call_s"] = time.perf_counter() - t0                  # includes compilation
+        res["flex_s"] = median_time(flex, args.repeats, args.warmup)
+        sparse_out = sk.sparse_attention(q, store, seq, 0, sel.blocks)[0].float()
+        res["sparse_vs_flex_maxerr"] = float((sparse_out - flex_out[0, :, 0].float()).abs().max())
+        ok_flex = res["sparse_vs_flex_maxerr"] < tol
+    else:
+        ok_flex = True
+    res["correct"] = bool(res["dense_vs_sdpa_maxerr"] < tol and ok_flex)
+
+    attn = attention_traffic(sel.blocks, n, bs, D, itemsize, H * G)
+    dense = dense_traffic(n, H, bs, D, itemsize, H * G)
+    res["sparse_bytes"] = attn.total + sel.traffic.total
+    res["flex_bytes"] = attn.total
+    res["dense_bytes"] = dense.total
+    for v, b in (("sparse", "sparse_bytes"), ("dense", "dense_bytes"), ("sdpa", "dense_bytes"), ("flex", "flex_bytes")):
+        if f"{v}_s" in res:
+            res[f"{v}_floor_s"] = res[b] / bw
+            res[f"{v}_over_floor"] = res[f"{v}_s"] / res[f"{v}_floor_s"]
+    res["sparse_speedup_vs_sdpa"] = res["sdpa_s"] / res["sparse_s"]
+    res["dense_speedup_vs_sdpa"] = res["sdpa_s"] / res["dense_s"]
+    if "flex_s" in res:
+        res["sparse_speedup_vs_flex"] = res["flex_s"] / res["sparse_s"]
+    return res
+
+
+def print_table(rows):
+    cols = [("context", "{:>8}"), ("dtype", "{:>9}"), ("sparse_over_floor", "{:>8.2f}"), ("dense_over_floor", "{:>8.2f}"),
+            ("sdpa_over_floor", "{:>8.2f}"), ("flex_over_floor", "{:>8.2f}"), ("sparse_speedup_vs_flex", "{:>9.2f}"),
+            ("sparse_speedup_vs_sdpa", "{:>9.1f}"), ("dense_speedup_vs_sdpa", "{:>9.2f}"), ("correct", "{:>7}")]
+    heads = ["context", "dtype", "sparse/fl", "dense/fl", "sdpa/fl", "flex/fl", "sp vs flex", "sp vs sdpa", "dn vs sdpa", "ok"]
+    print("  ".join(f"{h:>9}" for h in heads))
+    for r in rows:
+        print("  ".join(f"{fmt.format(r[c]) if c in r else '-':>9}" for c, fmt in cols))
+
+
+def plot(results, path: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = results["cases"]
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 4), squeeze=False)
+    for ax, dt in zip(axes[0], dtypes):
+        rs = [r for r in rows if r["dtype"] == dt]
+        x = [r["context"] for r in rs]
+        for v, style in (("sparse", "o-"), ("flex", "s--"), ("dense", "D-"), ("sdpa", "^--")):
+            if all(f"{v}_s" in r for r in rs):
+                ax.plot(x, [r[f"{v}_s"] * 1e3 for r in rs], style, label=v)
+                ax.plot(x, [r[f"{v}_floor_s"] * 1e3 for r in rs], ":", color=ax.lines[-1].get_color(), alpha=0.6)
+        ax.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="ms per layer step (dotted: floor)",
+               title=f"CPU decode, {dt}, budget {results['config']['budget']} tokens")
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contexts", type=int, nargs="+", default=[16384, 65536, 131072])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--q-heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes ~20 s a shape)")
+    ap.add_argument("--quick", action="store_true", help="contexts 4k and 16k, 3 repeats")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cpu_decode.json")
+    ap.add_argument("--figure", type=Path, default=ROOT / "figures" / "cpu_decode.png")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.contexts, args.repeats = [4096, 16384], 3
+    torch.manual_seed(0)
+    bw = read_bandwidth(args.repeats)
+    G = args.q_heads // args.kv_heads
+    rate = matmul_rate(args.kv_heads, G, args.head_dim, args.repeats)
+    print(f"read bandwidth {bw / 1e9:.1f} GB/s; decode-shaped matmul {rate / 1e9:.1f} GFLOP/s; "
+          f"threads {torch.get_num_threads()}", flush=True)
+    flex_fn = None
+    if not args.no_flex:
+        from torch.nn.attention.flex_attention import flex_attention
+        flex_fn = torch.compile(flex_attention)
+    rows = []
+    for dt in args.dtypes:
+        for n in args.contexts:
+            r = run_case(n, getattr(torch, dt), args, bw, flex_fn)
+            # Compute floor: QK and PV products, 4 * H * G * D * N flops, at the measured rate.
+            r["compute_floor_s"] = 4 * args.kv_heads * G * args.head_dim * n / rate
+            rows.append(r)
+            print(f"  {dt} {n}: sparse {r['sparse_over_floor']:.2f}x floor, dense {r['dense_over_floor']:.2f}x "
+                  f"(compute floor {r['compute_floor_s'] / r['dense_floor_s']:.2f}x the byte floor), "
+                  f"sdpa {r['sdpa_over_floor']:.2f}x", flush=True)
+    results = {
+        "benchmark": "cpu_decode", "date": date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "read_bandwidth_Bps": bw, "matmul_flops": rate,
+        "config": {k: getattr(args, k) for k in ("q_heads", "kv_heads", "head_dim", "block_size", "budget", "repeats", "warmup")},
+        "cases": rows,
+    }
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    plot(results, args.figure)
+    print(f"wrote {args.out} and {args.figure}")
+    if not all(r["correct"] for r in rows):
+        print("ERROR: a variant disagreed with its peer beyond tolerance", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
