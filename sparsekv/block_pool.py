@@ -6,7 +6,7 @@ book-keeping that makes sharing safe; `store.py` owns the K/V memory those ids i
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Iterable
+from typing import Iterable, Protocol
 
 
 class StoreFullError(RuntimeError):
@@ -26,19 +26,31 @@ class StoreFullError(RuntimeError):
         )
 
 
+class Evictor(Protocol):
+    """What a prefix cache provides so that released blocks stay cached until needed."""
+
+    num_evictable: int
+
+    def is_cached(self, block_id: int) -> bool: ...
+    def on_release(self, block_id: int) -> None: ...      # a cached block's ref count reached 0
+    def on_acquire(self, block_id: int) -> None: ...      # an evictable block is referenced again
+    def evict(self, n: int) -> list[int]: ...             # forget n evictable blocks, return their ids
+
+
 class BlockPool:
-    """Ref counts and a FIFO free queue over `num_blocks` physical block ids.
+    """Ref counts, a FIFO free queue, and (optionally) an evictor over `num_blocks` block ids.
 
     Invariants:
-    1. Every id in [0, num_blocks) is either referenced (ref count > 0) or in the free
-       queue (ref count == 0), never both and never neither.
-    2. `num_free + num_used == num_blocks` at all times.
-    3. `allocate(n)` either returns n distinct ids with ref count 1, taken from the front of
-       the free queue in order, or raises `StoreFullError` and changes nothing.
-    4. Freed ids (ref count reaching 0) are appended to the back of the queue in the order
-       given, so the least recently freed block is reused first.
-    5. `on_reuse(block_id)`, if set, is called for each id just before it leaves the free
-       queue for reuse: a prefix cache uses it to forget the content that id held.
+    1. Every id is in exactly one state: referenced (ref count > 0), free (ref count 0, in the
+       free queue, holding nothing worth keeping), or evictable (ref count 0, cached by the
+       evictor). Without an evictor nothing is evictable.
+    2. `num_free` counts free plus evictable ids, and `num_free + num_used == num_blocks`.
+    3. `allocate(n)` either returns n distinct ids with ref count 1 or raises
+       `StoreFullError(needed=n, free=num_free)` and changes nothing. It takes free ids from
+       the front of the queue first, then asks the evictor for the rest.
+    4. Released ids (ref count reaching 0) go to the evictor if it caches them, else to the
+       back of the free queue, in the order given.
+    5. Referencing an evictable id (a cache hit) takes it back from the evictor.
     """
 
     def __init__(self, num_blocks: int):
@@ -46,21 +58,26 @@ class BlockPool:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        # OrderedDict as an O(1) queue with remove-from-middle (a cache hit on a free block).
+        # OrderedDict as an O(1) queue with remove-from-middle.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.on_reuse: Callable[[int], None] | None = None
+        self.evictor: Evictor | None = None
 
     # -- queries ---------------------------------------------------------------------
     @property
+    def num_evictable(self) -> int:
+        return self.evictor.num_evictable if self.evictor is not None else 0
+
+    @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Ids an allocation can have: free plus evictable."""
+        return len(self._free) + self.num_evictable
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free
 
     def free_queue(self) -> list[int]:
-        """The free ids in reuse order (front first). For tests and plots."""
+        """The free (uncached) ids in reuse order, front first. For tests and plots."""
         return list(self._free)
 
     def is_free(self, block_id: int) -> bool:
@@ -68,33 +85,45 @@ class BlockPool:
 
     # -- mutation --------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
-        """Take n ids from the front of the free queue, each with ref count 1."""
-        if n > len(self._free):
-            raise StoreFullError(n, len(self._free))
-        out = []
-        for _ in range(n):
-            block_id, _ = self._free.popitem(last=False)
-            if self.on_reuse is not None:
-                self.on_reuse(block_id)
-            self.ref_counts[block_id] = 1
-            out.append(block_id)
+        """n ids with ref count 1: free ones first (queue order), then evicted ones."""
+        if n > self.num_free:
+            raise StoreFullError(n, self.num_free)
+        k = min(n, len(self._free))
+        out = [self._free.popitem(last=False)[0] for _ in range(k)]
+        if n > k:
+            out += self.evictor.evict(n - k)
+        for b in out:
+            self.ref_counts[b] = 1
         return out
 
+    def make_free(self, block_ids: Iterable[int]) -> None:
+        """Put ids the evictor has just evicted (ref count 0, forgotten) at the back of the free queue."""
+        for b in block_ids:
+            if self.ref_counts[b] != 0 or b in self._free:
+                raise RuntimeError(f"block {b} is not an evicted block")
+            self._free[b] = None
+
     def incref(self, block_ids: Iterable[int]) -> None:
-        """Add a reference to each id; an id sitting in the free queue is taken out of it."""
+        """Add a reference to each id, taking it out of the free queue or the evictor."""
         for b in block_ids:
             if self.ref_counts[b] == 0:
-                del self._free[b]
+                if b in self._free:
+                    del self._free[b]
+                else:
+                    self.evictor.on_acquire(b)
             self.ref_counts[b] += 1
 
     def decref(self, block_ids: Iterable[int]) -> list[int]:
-        """Drop a reference from each id; returns the ids that reached zero (now free)."""
-        freed = []
+        """Drop a reference from each id; returns the ids that reached zero."""
+        released = []
         for b in block_ids:
             if self.ref_counts[b] <= 0:
                 raise RuntimeError(f"block {b} released more often than it was referenced")
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
-                self._free[b] = None
-                freed.append(b)
-        return freed
+                if self.evictor is not None and self.evictor.is_cached(b):
+                    self.evictor.on_release(b)
+                else:
+                    self._free[b] = None
+                released.append(b)
+        return released

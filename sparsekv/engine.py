@@ -127,6 +127,18 @@ class Engine:
             self.prefix_cache.insert(seq, st.tokens, namespace=st.namespace)
         self.store.free(seq)
         del self._states[seq.seq_id]
+        if self.prefix_cache is not None:
+            self.prefix_cache.maintain()
+
+    def warmup(self, name: str, token_ids, namespace=None) -> int:
+        """Start-up warm-up: prefill `token_ids` once, cache its blocks and pin them under `name`
+        (released with `prefix_cache.unpin(name)`). Returns the pinned blocks."""
+        if self.prefix_cache is None:
+            raise ValueError("warmup needs an Engine built with prefix_cache=True")
+        seq = self.new_sequence()
+        self.prefill(seq, token_ids, namespace=namespace)
+        self.finish(seq)
+        return self.prefix_cache.pin(name, token_ids, namespace=namespace)
 
     # -- prefill --------------------------------------------------------------------------
     def prefill(self, seq: Sequence, token_ids, namespace=None) -> torch.Tensor:

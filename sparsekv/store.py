@@ -131,7 +131,8 @@ class BlockStore:
     5. Full blocks are append-only: once a block holds `block_size` tokens it is never
        written again, so sharing a full block never needs a copy.
     6. `free(seq)` drops one reference from each block of `seq`; blocks reaching zero return
-       to the free queue in logical order. The handle is dead afterwards.
+       to the free queue in logical order (or stay cached, evictable, when a prefix cache
+       holds them). The handle is dead afterwards.
     7. Rejected calls change nothing: every argument is checked, and every block that will be
        needed is counted against the free pool, before any state is touched. Running out
        raises `StoreFullError(needed, free)`.
@@ -183,18 +184,17 @@ class BlockStore:
         self._seqs[seq.seq_id] = seq
         return seq
 
-    def adopt(self, block_ids: list[int], num_tokens: int) -> Sequence:
-        """A new sequence starting on existing full blocks (a prefix-cache hit), shared by ref count."""
-        if num_tokens != len(block_ids) * self.config.block_size:
-            raise ValueError(f"num_tokens must be len(block_ids) * block_size = "
-                             f"{len(block_ids) * self.config.block_size}, got {num_tokens}")
+    def attach(self, seq: Sequence, block_ids: list[int]) -> None:
+        """Start an empty `seq` on existing full blocks (a prefix-cache hit), shared by ref count."""
+        self._check_seq(seq)
+        if seq.num_tokens:
+            raise ValueError(f"seq must be empty to attach cached blocks; it holds {seq.num_tokens} tokens")
         for b in block_ids:
             if self._fill[b] != self.config.block_size:
                 raise ValueError(f"block_ids must name full blocks; block {b} holds {self._fill[b]} tokens")
         self.pool.incref(block_ids)
-        seq = Sequence(next(self._ids), num_tokens, list(block_ids))
-        self._seqs[seq.seq_id] = seq
-        return seq
+        seq._blocks.extend(block_ids)
+        seq.num_tokens = len(block_ids) * self.config.block_size
 
     def fork(self, seq: Sequence) -> Sequence:
         """A new sequence sharing every block of `seq` (invariant 3)."""
