@@ -4,7 +4,8 @@ Backends (forced with `backend=`, chosen by `"auto"` otherwise):
     "reference"  plain torch, one kv head at a time: the readable definition.
     "torch"      the vectorised CPU/GPU fast path: one indexed read per selected tile, GQA
                  groups share each K/V read, float32 softmax.
-"auto" picks "torch". (The Triton kernels of issue 6 will register here as "triton".)
+    "triton"     the paged split-K kernel of `sparsekv.kernels` (CUDA, or TRITON_INTERPRET=1).
+"auto" picks "triton" for CUDA tensors or under the interpreter, else "torch" (see dispatch.py).
 
 Shapes (H = num_kv_heads, G = query heads per kv head, Hq = H * G, D = head_dim):
     q       [Hq, D]        any float dtype; query head h reads kv head h // G
@@ -22,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_choice, check_int, check_tensor
+from .dispatch import BACKENDS, resolve
 from .store import BlockStore, Sequence
 from .traffic import StepTraffic, attention_traffic
 
-BACKENDS = ("auto", "reference", "torch")
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,10 @@ def dense_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: in
                     backend: str = "auto") -> torch.Tensor:
     """Exact decode attention of one new token over every cached token of `seq` in `layer`."""
     _check_decode_args(q, store, seq, layer)
-    check_choice("backend", backend, BACKENDS)
-    if backend == "reference":
-        return _sparse_reference(q, store, seq, layer, all_blocks(store, seq))[0]
-    return _dense_torch(q, store, seq, layer)[0]
+    backend = resolve(backend, q)
+    if backend == "torch":
+        return _dense_torch(q, store, seq, layer)[0]
+    return _IMPLS[backend](q, store, seq, layer, all_blocks(store, seq))[0]
 
 
 def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
@@ -91,7 +92,9 @@ def batch_attention(q: torch.Tensor, store: BlockStore, seqs: list[Sequence], la
         _check_decode_args(q[b], store, seq, layer)
         if blocks is not None:
             _check_blocks(blocks[b], store, seq)
-    check_choice("backend", backend, BACKENDS)
+    backend = resolve(backend, q)
+    if backend == "triton":
+        return _batch_triton(q, store, seqs, layer, blocks)
     if blocks is None:
         pairs = [(_sparse_reference(q[b], store, s, layer, all_blocks(store, s)) if backend == "reference"
                   else _dense_torch(q[b], store, s, layer)) for b, s in enumerate(seqs)]
@@ -332,14 +335,33 @@ def _dense_torch(q, store, seq, layer):
     return out.view(H * G, D).to(q.dtype), lse.view(H * G).float()
 
 
-_IMPLS: dict[str, Callable] = {"reference": _sparse_reference, "torch": _sparse_torch}
+def _sparse_triton(q, store, seq, layer, blocks):
+    out, lse = _batch_triton(q[None], store, [seq], layer, [blocks])
+    return out[0], lse[0]
+
+
+def _batch_triton(q, store, seqs, layer, blocks, poison: bool = False):
+    """Pack block tables and selections for the paged split-K kernel and launch it."""
+    from .kernels.paged_decode import paged_decode
+    dev, H = q.device, store.config.num_kv_heads
+    width = max(s.num_blocks for s in seqs)
+    tables = torch.zeros(len(seqs), width, dtype=torch.int32, device=dev)
+    for b, s in enumerate(seqs):
+        tables[b, :s.num_blocks] = store.block_table(s)
+    sel = [all_blocks(store, s) for s in seqs] if blocks is None else blocks
+    K = max(x.shape[1] for x in sel)
+    selection = torch.full((len(seqs), H, K), -1, dtype=torch.int32, device=dev)
+    for b, x in enumerate(sel):
+        selection[b, :, :x.shape[1]] = x
+    lens = torch.tensor([s.num_tokens for s in seqs], dtype=torch.int32, device=dev)
+    return paged_decode(q, store.k[layer], store.v[layer], tables, lens, selection, poison=poison)
+
+
+_IMPLS: dict[str, Callable] = {"reference": _sparse_reference, "torch": _sparse_torch, "triton": _sparse_triton}
 
 
 def _resolve(backend: str, q: torch.Tensor) -> Callable:
-    check_choice("backend", backend, BACKENDS)
-    if backend == "auto":
-        backend = "torch"
-    return _IMPLS[backend]
+    return _IMPLS[resolve(backend, q)]
 
 
 def block_attention_mass(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int) -> torch.Tensor:

@@ -41,6 +41,7 @@ class StepStats:
     blocks_read: int       # (kv head, block) tiles read by attention
     kv_bytes: int          # K/V bytes read by attention
     route_bytes: int       # summary and index bytes read to route
+    selections: dict | None = None   # layer -> [H, K] blocks read (Engine(record_selections=True))
 
 
 @dataclass
@@ -78,7 +79,8 @@ class Engine:
 
     def __init__(self, model: Model, router: Router | None = None, block_size: int = 16, num_blocks: int = 4096,
                  chunk_size: int = 512, dense_layers: int = 0, kv_dtype: torch.dtype | None = None,
-                 prefix_cache: bool = False, cache_policy: str = "lru", progress: bool = True):
+                 prefix_cache: bool = False, cache_policy: str = "lru", progress: bool = True,
+                 record_selections: bool = False):
         if not isinstance(model, Model):
             raise TypeError(f"model must be a sparsekv.Model, got {type(model).__name__}")
         if router is not None and not isinstance(router, Router):
@@ -88,6 +90,7 @@ class Engine:
         c = model.config
         self.model, self.router = model, router
         self.chunk_size, self.dense_layers, self.progress = chunk_size, dense_layers, progress
+        self.record_selections = record_selections
         self.store = BlockStore(StoreConfig(num_layers=c.n_layers, num_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
                                             block_size=block_size, num_blocks=num_blocks,
                                             dtype=kv_dtype or model.dtype))
@@ -208,7 +211,7 @@ class Engine:
             tok = int(sampler(st.next_logits))
             out.append(tok)
             st.tokens.append(tok)
-            step = StepStats(0.0, 0, 0, 0)
+            step = StepStats(0.0, 0, 0, 0, {} if self.record_selections else None)
             t0 = time.perf_counter()
             logits = self._forward(seq, torch.tensor([tok]), attend=self._decode_attend(seq, router, step))
             step.seconds = time.perf_counter() - t0
@@ -231,6 +234,8 @@ class Engine:
             out, res = sparse_attention(q[0], store, seq, layer, sel.blocks)
             step.blocks_read += res.blocks_read
             step.kv_bytes += res.kv_bytes
+            if step.selections is not None:
+                step.selections[layer] = sel.blocks.clone()
             step.route_bytes += res.traffic.index_bytes + sel.traffic.total
             return out[None]
 

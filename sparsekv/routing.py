@@ -30,10 +30,10 @@ import torch
 
 from .attention import _check_decode_args, block_attention_mass
 from .checks import check_choice, check_int
+from .dispatch import BACKENDS as SCORE_BACKENDS, resolve
 from .store import BlockStore, Sequence
 from .traffic import INDEX_BYTES, StepTraffic
 
-SCORE_BACKENDS = ("auto", "reference", "torch")
 
 
 # -- scorers --------------------------------------------------------------------------------
@@ -51,6 +51,9 @@ class ScoreInput:
 
 class Scorer:
     """Base class: `logits(inp, backend)` -> [H, G or 1, nb] float32 block logits.
+
+    backend is "reference", "torch" or "triton"; scorers without a kernel (repr, oracle and
+    the query-blind ones) run their torch path under "triton".
 
     `query_aware` scorers can drive top_p and threshold; `summary_vectors` is how many
     head_dim vectors per (kv head, block) a scorer reads (for traffic accounting).
@@ -82,6 +85,16 @@ def _summary_logits(q: torch.Tensor, summary: torch.Tensor, inp: ScoreInput) -> 
     return q @ per_head[:, inp.table].float().transpose(1, 2)
 
 
+def _triton_scores(inp: ScoreInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """minmax and mean logits [H, G, nb] from the block-scoring kernel (one pass for both)."""
+    from .kernels.block_score import block_scores
+    H, G, D = inp.q.shape
+    s, L = inp.store, inp.layer
+    minmax, mean = block_scores(inp.q.reshape(1, H * G, D), s.kmin[L], s.kmax[L], s.kmean[L],
+                                inp.table[None], torch.tensor([inp.table.numel()], device=inp.q.device))
+    return minmax.view(H, G, -1), mean.view(H, G, -1)
+
+
 class MinMaxScorer(Scorer):
     """Quest's upper bound on q.k over the block: sum_i max(q_i min_i, q_i max_i).
 
@@ -94,6 +107,8 @@ class MinMaxScorer(Scorer):
 
     def logits(self, inp, backend, generator):
         q = inp.q
+        if backend == "triton":
+            return _triton_scores(inp)[0]
         if backend == "reference":   # the definition, elementwise: [H, G, D, nb]
             kmin = inp.store.kmin[inp.layer][inp.table].float().permute(1, 2, 0)
             kmax = inp.store.kmax[inp.layer][inp.table].float().permute(1, 2, 0)
@@ -110,6 +125,8 @@ class MeanScorer(Scorer):
     name, summary_vectors = "mean", 1
 
     def logits(self, inp, backend, generator):
+        if backend == "triton":
+            return _triton_scores(inp)[1]
         if backend == "reference":
             kmean = inp.store.kmean[inp.layer][inp.table].float()             # [nb, H, D]
             return torch.einsum("hgd,nhd->hgn", inp.q, kmean) / math.sqrt(inp.q.shape[-1])
@@ -275,13 +292,12 @@ class Router:
                backend: str | None = None) -> Selection:
         """Route one decode query q [Hq, D] of `seq` at `layer`."""
         _check_decode_args(q, store, seq, layer)
-        backend = self.backend if backend is None else backend
-        check_choice("backend", backend, SCORE_BACKENDS)
+        backend = resolve(self.backend if backend is None else backend, q)
         c = store.config
         H = c.num_kv_heads
         G = q.shape[0] // H
         inp = ScoreInput(q.float().view(H, G, c.head_dim), store, seq, layer, store.block_table(seq))
-        logits = self.scorer.logits(inp, "reference" if backend == "reference" else "torch", self.generator)
+        logits = self.scorer.logits(inp, backend, self.generator)
         mass = logits.expand(H, G, -1).softmax(-1)                          # [H, G, nb]
         nb = seq.num_blocks
         forced = self._forced(nb)

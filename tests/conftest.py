@@ -1,13 +1,30 @@
+import importlib.util
+import os
+
 import pytest
 import torch
 
 import sparsekv as sk
 
+# Triton's interpreter is chosen when functions are decorated: triton.language's own helpers at
+# `import triton`, the kernels at their import. Import both here, first, with the flag set; the
+# kernel tests set it again while they run (it is also checked per call), and every other test
+# keeps "auto" on the torch path.
+if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
+    _prev = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton  # noqa: F401
+    import sparsekv.kernels.block_score  # noqa: F401
+    import sparsekv.kernels.paged_decode  # noqa: F401
+    if _prev is None:
+        del os.environ["TRITON_INTERPRET"]
 
-def make_store(layers=2, kv_heads=2, head_dim=16, block_size=4, num_blocks=16, dtype=torch.float32, repr_keys=2):
+
+def make_store(layers=2, kv_heads=2, head_dim=16, block_size=4, num_blocks=16, dtype=torch.float32, repr_keys=2,
+               device="cpu"):
     return sk.BlockStore(sk.StoreConfig(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
                                         block_size=block_size, num_blocks=num_blocks, dtype=dtype,
-                                        repr_keys=repr_keys))
+                                        repr_keys=repr_keys, device=device))
 
 
 def rand_kv(store, T, gen=None):
