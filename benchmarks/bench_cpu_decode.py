@@ -4,7 +4,7 @@
     python benchmarks/bench_cpu_decode.py --quick    # a fast pass over small contexts
 
 One run measures, on this machine:
-  * read bandwidth: median time of summing a 1 GiB tensor;
+  * read bandwidth: median time of summing a 1 GiB tensor, timed inside each case;
   * matmul rate: median of a decode-shaped batched product ([H, G, D] x [H, D, N], float32),
     because with G = 4 query heads per kv head this CPU is close to compute-bound;
   * per case (context, dtype): sparsekv sparse (routing + attention), sparsekv dense,
@@ -13,7 +13,9 @@ One run measures, on this machine:
 Each variant's floor is the bytes it must read over the measured bandwidth (dense: all K/V;
 sparse: the selected K/V plus the summaries it scores; Flex: the selected K/V). Times are
 medians after warm-up; the table reports time over floor and ratios between variants, which
-are what transfers between machines. Results go to benchmarks/results/cpu_decode.json and
+are what transfers between machines. Each variant (and the bandwidth probe) is timed in a
+warmed block, and the blocks are cycled twice, so drift in this shared machine hits them
+alike. Results go to benchmarks/results/cpu_decode.json and
 figures/cpu_decode.png.
 """
 from __future__ import annotations
@@ -35,18 +37,25 @@ if str(ROOT) not in sys.path:          # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 import sparsekv as sk                  # noqa: E402
+from sparsekv.profiling import median_time   # noqa: E402
 from sparsekv.traffic import attention_traffic, dense_traffic   # noqa: E402
 
 
-def median_time(fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def blocked_medians(fns: dict, repeats: int, warmup: int, passes: int = 2) -> dict:
+    """Median seconds of each callable, timed in warmed blocks (warm-up, then `repeats` calls),
+    the blocks cycled `passes` times so that drift in this shared machine hits every variant.
+    (Timing variants call-by-call instead lets a 1 GiB peer evict the small ones' working set
+    between calls, which measures interference rather than the variant.)"""
+    times = {k: [] for k in fns}
+    for _ in range(passes):
+        for k, fn in fns.items():
+            for _ in range(warmup):
+                fn()
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def read_bandwidth(repeats: int) -> float:
@@ -91,17 +100,16 @@ def run_case(n, dtype, args, bw, flex_fn):
         s = router.select(q, store, seq, 0)
         return sk.sparse_attention(q, store, seq, 0, s.blocks)[0]
 
-    res["sparse_s"] = median_time(sparse_step, args.repeats, args.warmup)
-    res["dense_s"] = median_time(lambda: sk.dense_attention(q, store, seq, 0), args.repeats, args.warmup)
     # Peers read contiguous [1, H, N, D] tensors (their native layout), built outside the timing.
     k4 = store.gather(seq, 0)[0].permute(1, 0, 2).unsqueeze(0).contiguous()
     v4 = store.gather(seq, 0)[1].permute(1, 0, 2).unsqueeze(0).contiguous()
     q4 = q.view(1, H * G, 1, D)
     sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
-    res["sdpa_s"] = median_time(sdpa, args.repeats, args.warmup)
+    variants = {"sparse": sparse_step, "dense": lambda: sk.dense_attention(q, store, seq, 0), "sdpa": sdpa}
 
     # Correctness in the same run: dense == SDPA, sparse == Flex over the same selection.
     tol = 1e-4 if dtype == torch.float32 else 3e-2
+    sparse_step()
     dense_out = sk.dense_attention(q, store, seq, 0).float()
     res["dense_vs_sdpa_maxerr"] = float((dense_out - sdpa()[0, :, 0].float()).abs().max())
     if flex_fn is not None:
@@ -121,13 +129,20 @@ def run_case(n, dtype, args, bw, flex_fn):
         t0 = time.perf_counter()
         flex_out = flex()
         res["flex_first_call_s"] = time.perf_counter() - t0                  # includes compilation
-        res["flex_s"] = median_time(flex, args.repeats, args.warmup)
+        variants["flex"] = flex
         sparse_out = sk.sparse_attention(q, store, seq, 0, sel.blocks)[0].float()
         res["sparse_vs_flex_maxerr"] = float((sparse_out - flex_out[0, :, 0].float()).abs().max())
         ok_flex = res["sparse_vs_flex_maxerr"] < tol
     else:
         ok_flex = True
     res["correct"] = bool(res["dense_vs_sdpa_maxerr"] < tol and ok_flex)
+    x = torch.ones(2**28)                                                     # bandwidth, measured per case
+    variants["bandwidth"] = lambda: x.sum()
+    med = blocked_medians(variants, args.repeats, args.warmup)
+    bw = x.numel() * 4 / med.pop("bandwidth")
+    res["read_bandwidth_Bps"] = bw
+    for k, v in med.items():
+        res[f"{k}_s"] = v
 
     attn = attention_traffic(sel.blocks, n, bs, D, itemsize, H * G)
     dense = dense_traffic(n, H, bs, D, itemsize, H * G)

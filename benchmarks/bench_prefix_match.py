@@ -31,18 +31,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sparsekv.prefix_cache import PrefixCache          # noqa: E402
+from sparsekv.profiling import median_time             # noqa: E402
 from sparsekv.store import BlockStore, StoreConfig      # noqa: E402
-
-
-def median_time(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def pickle_sha256_peer(tokens: list[int], block_size: int) -> list[bytes]:

@@ -19,18 +19,12 @@ Top-K uses torch.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-
-def autotune_configs() -> list:
-    """Launch configurations to try on a GPU (warps x pipeline stages); one under the interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return [triton.Config({}, num_warps=4, num_stages=1)]
-    return [triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8) for s in (1, 2, 3)]
+from .autotune import autotune_configs
 
 
 @triton.autotune(configs=autotune_configs(), key=["G_PAD", "BLOCK_N", "HEAD_DIM"])

@@ -25,23 +25,17 @@ the same kernel with every block selected.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from .autotune import autotune_configs
+
 
 def split_configs(max_sel: int, target_splits: int = 8) -> int:
     """Blocks per split: enough splits to fill the machine, each with at least 4 blocks."""
     return max(4, -(-max_sel // target_splits))
-
-
-def autotune_configs() -> list:
-    """Launch configurations to try on a GPU (warps x pipeline stages); one under the interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return [triton.Config({}, num_warps=4, num_stages=1)]
-    return [triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8) for s in (1, 2, 3)]
 
 
 @triton.autotune(configs=autotune_configs(), key=["G_PAD", "BLOCK_SIZE", "HEAD_DIM"])

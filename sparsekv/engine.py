@@ -29,6 +29,10 @@ from .traffic import attention_traffic, dense_traffic
 _ENGINE_DEFAULT = object()
 
 
+def _copy_state(state: dict) -> dict:
+    return {k: (tuple(t.clone() for t in v) if isinstance(v, tuple) else v.clone()) for k, v in state.items()}
+
+
 def greedy(logits: torch.Tensor) -> int:
     return int(torch.argmax(logits))
 
@@ -72,6 +76,7 @@ class _State:
     next_logits: torch.Tensor | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     namespace: object = None
+    mixer_state: dict = field(default_factory=dict)    # conv / linear-attention state (model.initial_state)
 
 
 class Engine:
@@ -91,26 +96,30 @@ class Engine:
         self.model, self.router = model, router
         self.chunk_size, self.dense_layers, self.progress = chunk_size, dense_layers, progress
         self.record_selections = record_selections
-        self.store = BlockStore(StoreConfig(num_layers=c.n_layers, num_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
+        self.store = BlockStore(StoreConfig(num_layers=max(1, len(c.attn_layers)), num_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
                                             block_size=block_size, num_blocks=num_blocks,
                                             dtype=kv_dtype or model.dtype))
         self._states: dict[int, _State] = {}
         self.prefix_cache = None
         if prefix_cache:
+            if set(c.mixers) != {"attn"}:
+                raise ValueError("prefix_cache needs an all-attention model: conv and linear-attention state "
+                                 f"is not cached, and this model's mixers are {c.mixers}")
             from .prefix_cache import PrefixCache
             self.prefix_cache = PrefixCache(self.store, policy=cache_policy)
 
     # -- sequences ------------------------------------------------------------------------
     def new_sequence(self) -> Sequence:
         seq = self.store.new_sequence()
-        self._states[seq.seq_id] = _State()
+        self._states[seq.seq_id] = _State(mixer_state=self.model.initial_state())
         return seq
 
     def fork(self, seq: Sequence) -> Sequence:
         """A child that shares every block and continues from the same next-token logits."""
         st = self._state(seq)
         child = self.store.fork(seq)
-        self._states[child.seq_id] = _State(list(st.tokens), st.next_logits, RequestStats(), st.namespace)
+        self._states[child.seq_id] = _State(list(st.tokens), st.next_logits, RequestStats(), st.namespace,
+                                            _copy_state(st.mixer_state))
         return child
 
     def last_logits(self, seq: Sequence) -> torch.Tensor:
@@ -210,14 +219,27 @@ class Engine:
         for _ in range(n):
             tok = int(sampler(st.next_logits))
             out.append(tok)
-            st.tokens.append(tok)
-            step = StepStats(0.0, 0, 0, 0, {} if self.record_selections else None)
-            t0 = time.perf_counter()
-            logits = self._forward(seq, torch.tensor([tok]), attend=self._decode_attend(seq, router, step))
-            step.seconds = time.perf_counter() - t0
-            st.stats.steps.append(step)
-            st.next_logits = logits[0]
+            self._step(seq, st, tok, router)
         return out
+
+    def feed(self, seq: Sequence, token_ids, router=_ENGINE_DEFAULT) -> torch.Tensor:
+        """Teacher forcing: decode the given tokens one at a time (routed like `decode`) and return
+        the logits after each, [n, vocab]. The last row becomes the sequence's next-token logits."""
+        st = self._state(seq)
+        ids = self._as_ids(token_ids)
+        router = self.router if router is _ENGINE_DEFAULT else router
+        return torch.stack([self._step(seq, st, tok, router) for tok in ids.tolist()])
+
+    def _step(self, seq: Sequence, st: _State, tok: int, router) -> torch.Tensor:
+        """One decode step on token `tok`: forward, record its stats, return (and keep) its logits."""
+        st.tokens.append(tok)
+        step = StepStats(0.0, 0, 0, 0, {} if self.record_selections else None)
+        t0 = time.perf_counter()
+        logits = self._forward(seq, torch.tensor([tok]), attend=self._decode_attend(seq, router, step))
+        step.seconds = time.perf_counter() - t0
+        st.stats.steps.append(step)
+        st.next_logits = logits[0]
+        return st.next_logits
 
     def _decode_attend(self, seq: Sequence, router: Router | None, step: StepStats):
         store, c = self.store, self.store.config
@@ -245,7 +267,7 @@ class Engine:
     def _forward(self, seq: Sequence, ids: torch.Tensor, attend) -> torch.Tensor:
         res = self.store.reserve(seq, len(ids))
         positions = torch.arange(res.start, res.start + len(ids))
-        return self.model(ids, positions, self.store, res, attend)
+        return self.model(ids, positions, self.store, res, attend, state=self._states[seq.seq_id].mixer_state)
 
     def _state(self, seq: Sequence) -> _State:
         self.store._check_seq(seq)

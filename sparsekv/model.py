@@ -38,6 +38,9 @@ class ModelConfig:
     attention_bias: bool = False    # q/k/v projection bias (Qwen2)
     tie_embeddings: bool = False    # lm_head shares the embedding matrix
     max_seq_len: int = 131072       # rotary table length
+    positions: str = "rope"         # "rope" or "none" (NoPE: no positional signal in attention)
+    mixers: tuple = ()              # per layer "attn", "conv" (short causal conv) or "linear"; () = all attn
+    conv_kernel: int = 3            # taps of the "conv" mixer
     name: str = "custom"
 
     def __post_init__(self):
@@ -45,6 +48,16 @@ class ModelConfig:
             self.head_dim = self.dim // self.n_heads
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        self.mixers = tuple(self.mixers) or ("attn",) * self.n_layers
+        if len(self.mixers) != self.n_layers or not set(self.mixers) <= {"attn", "conv", "linear"}:
+            raise ValueError(f"mixers must list n_layers={self.n_layers} of 'attn', 'conv', 'linear'; got {self.mixers}")
+        if self.positions not in ("rope", "none"):
+            raise ValueError(f"positions must be 'rope' or 'none', got {self.positions!r}")
+
+    @property
+    def attn_layers(self) -> list[int]:
+        """Model layers whose K/V live in the block store (in store-layer order)."""
+        return [i for i, m in enumerate(self.mixers) if m == "attn"]
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":
@@ -63,6 +76,16 @@ PRESETS: dict[str, ModelConfig] = {
     # Timing on a 2-core CPU: ~15M parameters, so long-context attention is visible against the weights.
     "cpu-timing": ModelConfig(vocab_size=4096, dim=512, n_layers=4, n_heads=8, n_kv_heads=2, intermediate_size=1408,
                               max_seq_len=131072, name="cpu-timing"),
+    # Recall models (trained by `python -m sparsekv.train`): a short causal conv, then attention
+    # with no positions (NoPE), as in Zoology's MQAR recipe; the linear baseline swaps attention
+    # for causal linear attention at the same width and depth.
+    "recall": ModelConfig(vocab_size=1024, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=256,
+                          positions="none", mixers=("conv", "attn"), max_seq_len=65536, name="recall"),
+    "recall-linear": ModelConfig(vocab_size=1024, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=256,
+                                 positions="none", mixers=("conv", "linear"), max_seq_len=65536, name="recall-linear"),
+    "recall-hops": ModelConfig(vocab_size=1024, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, intermediate_size=256,
+                               positions="none", mixers=("conv", "attn", "conv", "attn"), max_seq_len=65536,
+                               name="recall-hops"),
     # The shape of Llama-3.2-1B (for loading and for traffic models; too slow to prefill long prompts here).
     "llama-1b": ModelConfig(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, intermediate_size=8192,
                             rope_theta=500000.0, tie_embeddings=True, name="llama-1b",
@@ -109,15 +132,20 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
+def _add_projections(mod: nn.Module, cfg: ModelConfig) -> None:
+    """q/k/v/o projections with HF's names (shared by softmax and linear attention)."""
+    D = cfg.head_dim
+    mod.q_proj = nn.Linear(cfg.dim, cfg.n_heads * D, bias=cfg.attention_bias)
+    mod.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.attention_bias)
+    mod.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.attention_bias)
+    mod.o_proj = nn.Linear(cfg.n_heads * D, cfg.dim, bias=False)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        D = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * D, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.n_heads * D, cfg.dim, bias=False)
+        _add_projections(self, cfg)
 
     def forward(self, x, cos, sin, layer: int, store: BlockStore, res: Reservation, attend):
         T, D = x.shape[0], self.cfg.head_dim
@@ -140,11 +168,88 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nn.Module):
+class ShortConv(nn.Module):
+    """A short causal convolution mixer: out_proj(conv_k(in_proj(h))), depthwise over time.
+
+    conv_k: y_t = sum_j w_j * u_{t-j} + b over the last `kernel` inputs. The projections let the
+    shifted copy of a token land in its own subspace, apart from the residual stream; without
+    them "the previous token was k" and "this token is k" share channels, which slows recall
+    training (measured). The conv starts as a previous-token shift (the induction prior).
+    Decode state: the last kernel - 1 projected inputs ([kernel - 1, dim]), zeros at the start.
+    """
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.kernel = cfg.conv_kernel
+        self.in_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.conv = nn.Conv1d(cfg.dim, cfg.dim, cfg.conv_kernel, groups=cfg.dim)
+        self.out_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        with torch.no_grad():
+            w = 0.02 * torch.randn_like(self.conv.weight)
+            w[:, 0, -2] += 1.0           # taps are [.., u_{t-1}, u_t]: start as a shift by one
+            self.conv.weight.copy_(w)
+            self.conv.bias.zero_()
+
+    def forward_batch(self, x):                                # x [B, T, dim]
+        u = self.in_proj(x).transpose(1, 2)
+        y = F.conv1d(F.pad(u, (self.kernel - 1, 0)), self.conv.weight, self.conv.bias, groups=u.shape[1])
+        return self.out_proj(y.transpose(1, 2))
+
+    def forward_state(self, x, state):                          # x [T, dim]; state [kernel - 1, dim]
+        full = torch.cat([state, self.in_proj(x)])             # [kernel - 1 + T, dim]
+        y = F.conv1d(full.T[None], self.conv.weight, self.conv.bias, groups=full.shape[-1])[0].T
+        return self.out_proj(y), full[-(self.kernel - 1):].clone()
+
+
+class LinearAttention(nn.Module):
+    """Causal linear attention (phi = elu + 1): a fixed-size state instead of a growing cache.
+
+    y_t = phi(q_t) S_t / (phi(q_t) . z_t), with S_t = sum_{s<=t} phi(k_s) v_s^T and z_t = sum phi(k_s).
+    Decode state per kv head: S [H, D, D] and z [H, D]. Same projections as `Attention`.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        _add_projections(self, cfg)
+
+    def _qkv(self, x):                                         # x [..., T, dim]
+        c, D = self.cfg, self.cfg.head_dim
+        G = c.n_heads // c.n_kv_heads
+        q = F.elu(self.q_proj(x).unflatten(-1, (c.n_heads, D))) + 1
+        k = F.elu(self.k_proj(x).unflatten(-1, (c.n_kv_heads, D))) + 1
+        v = self.v_proj(x).unflatten(-1, (c.n_kv_heads, D))
+        return q, k.repeat_interleave(G, -2), v.repeat_interleave(G, -2)
+
+    def forward_batch(self, x):                                # quadratic causal form, [B, T, dim]
+        q, k, v = (t.transpose(1, 2) for t in self._qkv(x))    # [B, H, T, D]
+        T = x.shape[1]
+        a = (q @ k.transpose(-1, -2)).tril()                   # [B, H, T, T]
+        y = (a @ v) / a.sum(-1, keepdim=True).clamp_min(1e-6)
+        return self.o_proj(y.transpose(1, 2).flatten(-2))
+
+    def forward_state(self, x, state):                          # x [T, dim]; state (S, z)
+        q, k, v = self._qkv(x)                                 # [T, Hq, D]
+        S, z = state
+        ys = []
+        for t in range(x.shape[0]):                            # recurrent form
+            S = S + k[t, :, :, None] * v[t, :, None, :]
+            z = z + k[t]
+            ys.append((q[t, :, None, :] @ S)[:, 0] / (q[t] * z).sum(-1, keepdim=True).clamp_min(1e-6))
+        return self.o_proj(torch.stack(ys).flatten(-2)), (S, z)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, mixer: str = "attn"):
+        super().__init__()
+        self.mixer = mixer
         self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.self_attn = Attention(cfg)
+        if mixer == "attn":
+            self.self_attn = Attention(cfg)
+        elif mixer == "conv":
+            self.conv = ShortConv(cfg)
+        else:
+            self.linear_attn = LinearAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
@@ -160,14 +265,16 @@ class Model(nn.Module):
         if seed is not None:
             torch.manual_seed(seed)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.dim)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
+        self.layers = nn.ModuleList(DecoderLayer(c, m) for m in c.mixers)
+        self.store_layer = {layer: j for j, layer in enumerate(c.attn_layers)}   # model layer -> store layer
         self.norm = RMSNorm(c.dim, c.norm_eps)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        for p in self.parameters():                     # small init keeps random logits well scaled
-            if p.dim() == 2:
-                nn.init.normal_(p, std=0.02)
+        # Init: torch's defaults (Linear ~ U(+-1/sqrt(fan_in)), Embedding ~ N(0, 1)). A GPT-style
+        # N(0, 0.02) makes q.k nearly zero at this width, so attention starts uniform, query/key
+        # gradients nearly cancel, and recall training sits on its plateau (measured: q/k gradients
+        # 100x smaller than v/o).
         self.register_buffer("inv_freq", rope_frequencies(c), persistent=False)
         self.eval()
 
@@ -176,19 +283,73 @@ class Model(nn.Module):
         return self.embed_tokens.weight.dtype
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.config.positions == "none":                                        # NoPE: rotation by 0
+            shape = (positions.shape[0], self.config.head_dim)
+            return torch.ones(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]                  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
+    def initial_state(self) -> dict:
+        """Recurrent state of the non-attention mixers for a new sequence (conv taps, linear S/z)."""
+        c, D = self.config, self.config.head_dim
+        state = {}
+        for i, layer in enumerate(self.layers):
+            if layer.mixer == "conv":
+                state[i] = torch.zeros(c.conv_kernel - 1, c.dim, dtype=self.dtype)
+            elif layer.mixer == "linear":
+                state[i] = (torch.zeros(c.n_heads, D, D, dtype=self.dtype), torch.zeros(c.n_heads, D, dtype=self.dtype))
+        return state
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, store: BlockStore, res: Reservation,
-                attend: Callable[[int, torch.Tensor], torch.Tensor], last_only: bool = True) -> torch.Tensor:
-        """tokens, positions: [T] int64. Returns logits [T, vocab] (or [1, vocab] if last_only), float32."""
+                attend: Callable[[int, torch.Tensor], torch.Tensor], last_only: bool = True,
+                state: dict | None = None) -> torch.Tensor:
+        """tokens, positions: [T] int64. Returns logits [T, vocab] (or [1, vocab] if last_only), float32.
+
+        Attention layers write K/V to store layer `store_layer[i]` and call attend(store layer, q);
+        conv and linear layers read and update `state` (from `initial_state`) in place.
+        """
         x = self.embed_tokens(tokens)
         cos, sin = self.rotary(positions)
         for i, layer in enumerate(self.layers):
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, i, store, res, attend)
+            h = layer.input_layernorm(x)
+            if layer.mixer == "attn":
+                x = x + layer.self_attn(h, cos, sin, self.store_layer[i], store, res, attend)
+            elif layer.mixer == "conv":
+                y, state[i] = layer.conv.forward_state(h, state[i])
+                x = x + y
+            else:
+                y, state[i] = layer.linear_attn.forward_state(h, state[i])
+                x = x + y
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         if last_only:
             x = x[-1:]
         return self.lm_head(self.norm(x)).float()
+
+    def train_forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Batched full-sequence forward without a cache, for training: tokens [B, T] -> logits [B, T, vocab].
+
+        Same weights and maths as the store-backed `forward` (tests check they agree).
+        """
+        c, D = self.config, self.config.head_dim
+        B, T = tokens.shape
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rotary(torch.arange(T))
+        for layer in self.layers:
+            h = layer.input_layernorm(x)
+            if layer.mixer == "attn":
+                a = layer.self_attn
+                q = apply_rope(a.q_proj(h).view(B * T, c.n_heads, D), cos.repeat(B, 1), sin.repeat(B, 1))
+                k = apply_rope(a.k_proj(h).view(B * T, c.n_kv_heads, D), cos.repeat(B, 1), sin.repeat(B, 1))
+                v = a.v_proj(h).view(B, T, c.n_kv_heads, D)
+                q, k = q.view(B, T, c.n_heads, D), k.view(B, T, c.n_kv_heads, D)
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   is_causal=True, enable_gqa=True)
+                x = x + a.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+            elif layer.mixer == "conv":
+                x = x + layer.conv.forward_batch(h)
+            else:
+                x = x + layer.linear_attn.forward_batch(h)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.norm(x))

@@ -1,7 +1,21 @@
-"""Peak extra memory of a call, from the torch profiler's allocation events (CPU or GPU)."""
+"""Measuring calls: median wall time after warm-up, and peak extra memory from the torch profiler."""
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Callable
+
+
+def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
+    """Median seconds of `repeats` calls of `fn` after `warmup` discarded calls (CPU wall clock)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def peak_allocated_bytes(fn: Callable[[], object]) -> int:

@@ -5,8 +5,6 @@ assert on them without another dependency.
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -15,6 +13,7 @@ import torch
 from .attention import all_blocks, block_attention_mass, sparse_attention
 from .metrics import evaluate
 from .probes import Probe
+from .profiling import median_time
 from .routing import Router
 from .store import BlockStore, Sequence, StoreConfig
 
@@ -77,16 +76,7 @@ def time_step(router: Router, q: torch.Tensor, store: BlockStore, seq: Sequence,
     every = all_blocks(store, seq)
     blocks = router.select(q, store, seq, layer).blocks
 
-    def med(fn):
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
+    med = lambda fn: median_time(fn, repeats, warmup)
     return StepTiming(route=med(lambda: router.select(q, store, seq, layer)),
                       attend=med(lambda: sparse_attention(q, store, seq, layer, blocks)),
                       dense=med(lambda: sparse_attention(q, store, seq, layer, every)))

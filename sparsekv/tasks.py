@@ -1,0 +1,137 @@
+"""Synthetic recall tasks at the token level, for training and for end-to-end routing studies.
+
+Vocabulary (1,024 ids, the `recall` presets):
+    0 PAD, 1 QUERY, 2 PASS       markers
+    [8, 256)                      filler (background text)
+    [256, 640)                    keys / variable names
+    [640, 1024)                   values / passkey symbols
+
+Every task writes a context, then queries at the end. A query is a key token whose next token
+(the answer) the model must predict; answers are teacher-forced, so the logits after each query
+token are scored. Tasks:
+    mqar       n_pairs key-value pairs at random depths in filler; n_queries of them queried
+    niah       n_keys needles (key-value pairs) at random or given depths, all queried
+    passkey    PASS s1..s5 at a random depth; QUERY s1..s5 at the end (predict each symbol)
+    multihop   chains x1 = v, x2 = x1, ..., at random depths with distractor chains; query x_hops
+Evaluation sets use a separate seed stream (`EVAL_SEED_OFFSET`), so they never repeat training data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PAD, QUERY, PASS = 0, 1, 2
+FILLER = (8, 256)
+KEYS = (256, 640)
+VALUES = (640, 1024)
+VOCAB = 1024
+TASKS = ("mqar", "niah", "passkey", "multihop")
+EVAL_SEED_OFFSET = 1_000_003          # eval generators start here; training uses seeds below it
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor      # [B, T] int64
+    targets: torch.Tensor     # [B, T] int64: the answer expected after position t, or -100
+    depths: torch.Tensor      # [B, Q] float: depth (0..1) of the fact each query needs
+    first_query: torch.Tensor  # [B] int64: position of the first scored token (prefill up to and including it)
+
+
+def _distinct(g, lo, hi, n):
+    return lo + torch.randperm(hi - lo, generator=g)[:n]
+
+
+def _slots(g, length, n, width, depths=None):
+    """n non-overlapping start positions for `width`-token items inside [0, length)."""
+    cells = length // width
+    if depths is not None:
+        starts = [min(cells - 1, int(d * (cells - 1))) for d in depths]
+        used, out = set(), []
+        for c in starts:                      # nudge collisions to the next free cell
+            while c in used:
+                c = (c + 1) % cells
+            used.add(c)
+            out.append(c * width)
+        return out
+    return (torch.randperm(cells, generator=g)[:n] * width).tolist()
+
+
+def make_example(task: str, length: int, g: torch.Generator, **kw):
+    """One sequence: (tokens [T], targets [T], depths [Q], first_query). `length` counts everything."""
+    if task in ("mqar", "niah"):
+        n_pairs = kw.get("n_pairs", 16 if task == "mqar" else 8)
+        n_queries = kw.get("n_queries", 8 if task == "mqar" else n_pairs)
+        q_len = 2 * n_queries
+        ctx = length - q_len
+        keys, vals = _distinct(g, *KEYS, n_pairs), _distinct(g, *VALUES, n_pairs)
+        tokens = torch.randint(*FILLER, (length,), generator=g)
+        starts = _slots(g, ctx, n_pairs, 2, kw.get("depths"))
+        for s, k, v in zip(starts, keys, vals):
+            tokens[s], tokens[s + 1] = k, v
+        ask = torch.randperm(n_pairs, generator=g)[:n_queries]
+        targets = torch.full((length,), -100)
+        for i, j in enumerate(ask.tolist()):
+            p = ctx + 2 * i
+            tokens[p], tokens[p + 1] = keys[j], vals[j]
+            targets[p] = vals[j]
+        depths = torch.tensor([starts[j] / max(1, ctx - 1) for j in ask.tolist()])
+        return tokens, targets, depths, ctx
+    if task == "passkey":
+        n = kw.get("symbols", 5)
+        sym = _distinct(g, *VALUES, n)
+        ctx = length - (n + 1)
+        tokens = torch.randint(*FILLER, (length,), generator=g)
+        (s,) = _slots(g, ctx - (n + 1), 1, n + 1, kw.get("depths"))
+        tokens[s] = PASS
+        tokens[s + 1:s + 1 + n] = sym
+        targets = torch.full((length,), -100)
+        tokens[ctx] = QUERY
+        tokens[ctx + 1:ctx + 1 + n] = sym
+        targets[ctx:ctx + n] = sym
+        return tokens, targets, torch.full((n,), s / max(1, ctx - 1)), ctx
+    if task == "multihop":
+        hops, chains = kw.get("hops", 2), kw.get("chains", 4)
+        n_queries = kw.get("n_queries", 1)
+        names = _distinct(g, *KEYS, hops * chains).view(chains, hops)
+        vals = _distinct(g, *VALUES, chains)
+        ctx = length - 2 * n_queries
+        tokens = torch.randint(*FILLER, (length,), generator=g)
+        starts = _slots(g, ctx, hops * chains, 2, kw.get("depths"))
+        it = iter(starts)
+        for c in range(chains):
+            for h in range(hops):              # x_1 = value, x_h = x_{h-1}
+                s = next(it)
+                tokens[s] = names[c, h]
+                tokens[s + 1] = vals[c] if h == 0 else names[c, h - 1]
+        targets = torch.full((length,), -100)
+        ask = torch.randperm(chains, generator=g)[:n_queries]
+        for i, c in enumerate(ask.tolist()):
+            p = ctx + 2 * i
+            tokens[p], tokens[p + 1] = names[c, hops - 1], vals[c]
+            targets[p] = vals[c]
+        depths = torch.tensor([min(starts[c * hops:(c + 1) * hops]) / max(1, ctx - 1) for c in ask.tolist()])
+        return tokens, targets, depths, ctx
+    raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+
+
+def make_batch(task: str, batch: int, length: int, seed: int, **kw) -> Batch:
+    """A seeded batch; the same (task, batch, length, seed, kw) always gives the same tokens."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [make_example(task, length, g, **kw) for _ in range(batch)]
+    return Batch(torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]),
+                 torch.stack([r[2] for r in rows]), torch.tensor([r[3] for r in rows]))
+
+
+def eval_batch(task: str, batch: int, length: int, index: int = 0, **kw) -> Batch:
+    """An evaluation batch from the eval seed stream (disjoint from training seeds)."""
+    return make_batch(task, batch, length, EVAL_SEED_OFFSET + 7919 * length + index, **kw)
+
+
+def accuracy(logits: torch.Tensor, targets: torch.Tensor, per: str = "answer") -> float:
+    """Answer accuracy: per scored token ("answer") or whole examples right ("example")."""
+    mask = targets != -100
+    right = (logits.argmax(-1) == targets) | ~mask
+    if per == "example":
+        return float(right.all(-1).float().mean())
+    return float(right[mask].float().mean())

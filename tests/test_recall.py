@@ -1,0 +1,120 @@
+"""Recall tasks, training, end-to-end routed evaluation, and the transformers integration."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import sparsekv as sk
+from sparsekv import recall_eval, tasks
+from sparsekv.train import TrainConfig, load_trained, train
+
+MODELS = Path(sk.__file__).resolve().parents[1] / "data" / "models"
+
+
+@pytest.mark.parametrize("task", tasks.TASKS)
+def test_tasks_are_seeded_and_score_the_answers(task):
+    a, b = tasks.make_batch(task, 4, 160, seed=3), tasks.make_batch(task, 4, 160, seed=3)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.targets, b.targets)
+    mask = a.targets != -100
+    assert mask.any(1).all()
+    pos = mask.nonzero()
+    assert torch.equal(a.tokens[pos[:, 0], pos[:, 1] + 1], a.targets[mask])    # the answer is the next token
+    assert (pos[:, 1] >= a.first_query[pos[:, 0]]).all()
+
+
+def test_evaluation_sets_never_overlap_training_data():
+    cfg = TrainConfig(task="niah", lengths=(128, 256))
+    train_seeds = {(cfg.seed * 100_003 + step) % tasks.EVAL_SEED_OFFSET for step in range(cfg.max_steps)}
+    eval_seeds = {tasks.EVAL_SEED_OFFSET + 7919 * L + i for L in (128, 256, 4096) for i in range(100)}
+    assert not train_seeds & eval_seeds                            # disjoint seed streams
+    seen = {tuple(t.tolist()) for step in range(40) for t in tasks.make_batch("niah", 8, 128, seed=step).tokens}
+    ev = {tuple(t.tolist()) for i in range(5) for t in tasks.eval_batch("niah", 8, 128, index=i).tokens}
+    assert not seen & ev                                           # and no identical sequence
+
+
+@pytest.mark.parametrize("preset", ["recall", "recall-linear", "recall-hops"])
+def test_training_forward_equals_the_store_backed_engine(preset):
+    model = sk.Model(sk.ModelConfig.from_name(preset))
+    toks = tasks.make_batch("mqar", 1, 90, seed=1).tokens
+    with torch.no_grad():
+        ref = model.train_forward(toks)[0]
+    engine = sk.Engine(model, block_size=8, num_blocks=32, chunk_size=16)
+    seq = engine.new_sequence()
+    engine.prefill(seq, toks[0, :60])
+    fed = engine.feed(seq, toks[0, 60:])
+    torch.testing.assert_close(fed, ref[60:], rtol=1e-5, atol=1e-5)
+
+
+def test_a_short_training_run_saves_and_reloads(tmp_path):
+    cfg = TrainConfig(task="mqar", max_steps=6, eval_every=3, eval_examples=8, lengths=(64, 96), batch=4)
+    model, log = train(cfg, out=tmp_path, progress=False)
+    assert log["steps"] == 6 and len(log["curve"]) == 2 and set(log["final_val_acc"]) == {64, 96}
+    again = load_trained(tmp_path)
+    toks = tasks.make_batch("mqar", 2, 64, seed=0).tokens
+    with torch.no_grad():
+        torch.testing.assert_close(again.train_forward(toks), model.train_forward(toks))
+    assert json.loads((tmp_path / "train_log.json").read_text())["steps"] == 6
+
+
+def test_routing_every_block_gives_the_dense_answers():
+    model = sk.Model(sk.ModelConfig.from_name("recall"))
+    batch = tasks.eval_batch("niah", 3, 200)
+    res = recall_eval.evaluate_routers(model, batch, {"dense": None, "every": sk.Router("minmax", top_k=64),
+                                                      "small": sk.Router("minmax", top_k=2)}, block_size=16)
+    assert res["every"].correct == res["dense"].correct and len(res["dense"].correct) == 3 * 8
+    assert res["small"].bytes_per_answer < res["every"].bytes_per_answer
+
+
+def test_prefix_cache_refuses_models_with_recurrent_state():
+    with pytest.raises(ValueError, match="all-attention model"):
+        sk.Engine(sk.Model(sk.ModelConfig.from_name("recall")), prefix_cache=True)
+
+
+def test_hf_attention_with_every_block_equals_the_models_own():
+    transformers = pytest.importorskip("transformers")
+    import sparsekv.hf
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    name = sparsekv.hf.register(sk.Router("minmax", top_k=1000), block_size=8)
+    import copy
+    ref = transformers.LlamaForCausalLM(copy.deepcopy(cfg)).eval()      # each model its own config object
+    ref.config._attn_implementation = "eager"
+    routed = transformers.LlamaForCausalLM(copy.deepcopy(cfg)).eval()
+    routed.load_state_dict(ref.state_dict())
+    routed.config._attn_implementation = name
+    assert ref.config._attn_implementation == "eager"
+    prompt = torch.randint(0, 97, (1, 29))
+    kw = dict(max_new_tokens=12, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        a, b = ref.generate(prompt, **kw), routed.generate(prompt, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    for x, y in zip(a.scores, b.scores):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+    assert len(sparsekv.hf.steps()) == 11 * 2                      # 11 routed decode steps x 2 layers
+
+
+@pytest.mark.skipif(not MODELS.exists(), reason="no trained models committed")
+@pytest.mark.parametrize("name", sorted(p.name for p in MODELS.glob("*") if (p / "config.json").exists()) if MODELS.exists() else [])
+def test_committed_weights_reproduce_their_recorded_dense_accuracy(name):
+    from sparsekv.train import evaluate
+    path = MODELS / name
+    log = json.loads((path / "train_log.json").read_text())
+    cfg = log["config"]
+    model = load_trained(path)
+    for length, acc in log["final_val_acc"].items():
+        now = evaluate(model, cfg["task"], int(length), cfg["eval_examples"] * 2, **cfg["task_kwargs"])
+        assert abs(now - acc) <= 0.01, (name, length, now, acc)
+
+
+def test_hf_evaluation_path_runs_routed_and_dense_alike(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    batch = tasks.eval_batch("passkey", 2, 96)
+    res = recall_eval.evaluate_hf(model, batch, {"dense": None, "every": sk.Router("minmax", top_k=100)}, block_size=16)
+    assert res["every"].correct == res["dense"].correct and len(res["dense"].correct) == 2 * 5
+    assert res["every"].bytes_read > 0
