@@ -100,8 +100,8 @@ def train(cfg: TrainConfig, out: Path | None = None, progress: bool = True) -> t
             cur = cfg.lengths[unlocked - 1]
             acc = evaluate(model, cfg.task, cur, cfg.eval_examples, **cfg.task_kwargs)
             minutes = (time.perf_counter() - t0) / 60
-            log["curve"].append({"step": step + 1, "loss": float(loss), "length": cur, "val_acc": acc, "minutes": minutes})
-            bar.set_postfix(loss=f"{float(loss):.3f}", len=cur, acc=f"{acc:.3f}")
+            log["curve"].append({"step": step + 1, "loss": float(loss.detach()), "length": cur, "val_acc": acc, "minutes": minutes})
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", len=cur, acc=f"{acc:.3f}")
             if acc >= cfg.advance_at and unlocked < len(cfg.lengths):
                 unlocked += 1
             elif unlocked == len(cfg.lengths) and acc >= cfg.target:
