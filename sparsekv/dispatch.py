@@ -11,6 +11,7 @@ Importing sparsekv never imports triton; this module looks for it only when aske
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -21,6 +22,7 @@ from .checks import check_choice
 BACKENDS = ("auto", "reference", "torch", "triton")
 
 
+@functools.lru_cache(maxsize=1)          # asked on every decode call: look it up once
 def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
