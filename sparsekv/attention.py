@@ -122,6 +122,8 @@ def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: 
     flash path.
     """
     check_choice("backend", backend, BACKENDS)
+    if backend == "triton":
+        raise ValueError("backend 'triton' has no prefill kernel yet; use 'auto', 'torch' or 'reference'")
     if backend != "reference" and q.dtype != torch.float64:
         return _prefill_sdpa(q, store, seq, layer)
     return _prefill_reference(q, store, seq, layer)
@@ -233,28 +235,9 @@ def _sparse_reference(q, store, seq, layer, blocks):
 
 
 def _sparse_torch(q, store, seq, layer, blocks):
-    """Vectorised: one indexed read of the selected tiles, shared by each GQA group."""
-    c = store.config
-    H, D, bs = c.num_kv_heads, c.head_dim, c.block_size
-    G, cd = q.shape[0] // H, _compute_dtype(q)
-    K = blocks.shape[1]
-    logical = blocks.clamp(min=0)                                          # [H, K]
-    phys = store.block_table(seq)[logical]
-    # Head-major layout: tile (block b, kv head h) is row h * NB + b of the layer viewed as
-    # [H * NB, bs, D]; one index_select copies each selected tile as a single contiguous run.
-    rows = (phys + torch.arange(H, device=q.device)[:, None] * c.num_blocks).view(-1)
-    ws = store.workspace
-    kt = torch.index_select(_rows_view(store.k, layer, c), 0, rows, out=ws.take("k", (H * K, bs, D), c.dtype))
-    vt = torch.index_select(_rows_view(store.v, layer, c), 0, rows, out=ws.take("v", (H * K, bs, D), c.dtype))
-    kt, vt = kt.view(H, K * bs, D), vt.view(H, K * bs, D)                  # [H, K*bs, D]
-    pos = logical[:, :, None] * bs + torch.arange(bs, device=q.device)     # [H, K, bs]
-    ok = ((pos < seq.num_tokens) & (blocks[:, :, None] >= 0)).view(H, 1, K * bs)
-    qg = q.view(H, G, D).to(cd)
-    s = torch.bmm(qg, kt.to(cd).transpose(1, 2)).mul_(1.0 / math.sqrt(D))   # [H, G, K*bs]
-    s = s.masked_fill_(~ok, -torch.inf)
-    lse = torch.logsumexp(s, -1, keepdim=True)
-    out = torch.bmm(s.sub_(lse).exp_(), vt.to(cd))                        # [H, G, D]
-    return out.view(H * G, D).to(q.dtype), lse.view(H * G).float()
+    """One sequence through the batched fast path (one indexed read, GQA groups share each tile)."""
+    out, lse = _sparse_torch_batch(q[None], store, [seq], layer, [blocks])
+    return out[0], lse[0]
 
 
 def _sparse_torch_batch(q, store, seqs, layer, blocks):

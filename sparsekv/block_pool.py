@@ -80,9 +80,6 @@ class BlockPool:
         """The free (uncached) ids in reuse order, front first. For tests and plots."""
         return list(self._free)
 
-    def is_free(self, block_id: int) -> bool:
-        return block_id in self._free
-
     # -- mutation --------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
         """n ids with ref count 1: free ones first (queue order), then evicted ones."""

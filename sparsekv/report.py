@@ -59,7 +59,3 @@ def write_metrics(path: str | Path, notebook: str, metrics: dict, checks: dict[s
     if failed:
         raise NotebookCheckError(f"{notebook}: {len(failed)} check(s) failed: " + "; ".join(failed))
     return record
-
-
-def read_metrics(path: str | Path) -> dict:
-    return json.loads(Path(path).read_text())

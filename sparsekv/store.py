@@ -239,10 +239,6 @@ class BlockStore:
             seq._cache["runs"] = [(a, int(table[a]), b - a) for a, b in zip(starts, ends)]
         return seq._cache["runs"]
 
-    def block_fill(self, block_id: int) -> int:
-        """Valid tokens held by a physical block."""
-        return self._fill[block_id]
-
     # -- writing ------------------------------------------------------------------------
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks that reserving `num_tokens` more tokens for `seq` would allocate."""

@@ -102,6 +102,8 @@ def test_chunked_prefill_matches_float64(backend, G, D):
     # The whole sequence at once (T == N) takes SDPA's causal path.
     full = sk.prefill_attention(torch.randn(45, 2 * G, D, generator=g), store, seq, 0, backend=backend)
     assert full.shape == (45, 2 * G, D) and torch.isfinite(full).all()
+    with pytest.raises(ValueError, match="no prefill kernel"):
+        sk.prefill_attention(q, store, seq, 0, backend="triton")
 
 
 @pytest.mark.parametrize("make,exc,words", [
