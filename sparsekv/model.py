@@ -83,8 +83,9 @@ PRESETS: dict[str, ModelConfig] = {
                           positions="none", mixers=("conv", "attn"), max_seq_len=65536, name="recall"),
     "recall-linear": ModelConfig(vocab_size=1024, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=256,
                                  positions="none", mixers=("conv", "linear"), max_seq_len=65536, name="recall-linear"),
-    "recall-hops": ModelConfig(vocab_size=1024, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, intermediate_size=256,
-                               positions="none", mixers=("conv", "attn", "conv", "attn"), max_seq_len=65536,
+    # Multi-hop: two attention layers (one lookup each), 64-dim heads (2 query heads share 1 kv head).
+    "recall-hops": ModelConfig(vocab_size=1024, dim=128, n_layers=3, n_heads=2, n_kv_heads=1, intermediate_size=256,
+                               positions="none", mixers=("conv", "attn", "attn"), max_seq_len=65536,
                                name="recall-hops"),
     # The shape of Llama-3.2-1B (for loading and for traffic models; too slow to prefill long prompts here).
     "llama-1b": ModelConfig(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, intermediate_size=8192,

@@ -12,7 +12,9 @@ token are scored. Tasks:
     mqar       n_pairs key-value pairs at random depths in filler; n_queries of them queried
     niah       n_keys needles (key-value pairs) at random or given depths, all queried
     passkey    PASS s1..s5 at a random depth; QUERY s1..s5 at the end (predict each symbol)
-    multihop   chains x1 = v, x2 = x1, ..., at random depths with distractor chains; query x_hops
+    multihop   variable tracking: chains x1 = v, x2 = x1, ..., each written in order (shuffled=True:
+               in any order) at random depths, with distractor chains; query x_hops.
+               `min_hops` < `hops` gives each chain min_hops..hops links (a hop mix for training)
 Evaluation sets use a separate seed stream (`EVAL_SEED_OFFSET`), so they never repeat training data.
 """
 from __future__ import annotations
@@ -92,25 +94,36 @@ def make_example(task: str, length: int, g: torch.Generator, **kw):
         return tokens, targets, torch.full((n,), s / max(1, ctx - 1)), ctx
     if task == "multihop":
         hops, chains = kw.get("hops", 2), kw.get("chains", 4)
+        min_hops = kw.get("min_hops", hops)
         n_queries = kw.get("n_queries", 1)
-        names = _distinct(g, *KEYS, hops * chains).view(chains, hops)
+        if not 1 <= min_hops <= hops:
+            raise ValueError(f"min_hops must be in [1, hops={hops}], got {min_hops}")
+        if min_hops == hops:
+            per_chain = [hops] * chains
+        else:                                  # a hop mix: chain c gets min_hops..hops links
+            per_chain = torch.randint(min_hops, hops + 1, (chains,), generator=g).tolist()
+        offsets = [sum(per_chain[:c]) for c in range(chains + 1)]
+        flat = _distinct(g, *KEYS, offsets[-1])
+        names = [flat[offsets[c]:offsets[c + 1]] for c in range(chains)]
         vals = _distinct(g, *VALUES, chains)
         ctx = length - 2 * n_queries
         tokens = torch.randint(*FILLER, (length,), generator=g)
-        starts = _slots(g, ctx, hops * chains, 2, kw.get("depths"))
+        starts = _slots(g, ctx, offsets[-1], 2, kw.get("depths"))
+        if not kw.get("shuffled", False):      # variable tracking: a name is assigned after its source
+            starts = [s for c in range(chains) for s in sorted(starts[offsets[c]:offsets[c + 1]])]
         it = iter(starts)
         for c in range(chains):
-            for h in range(hops):              # x_1 = value, x_h = x_{h-1}
+            for h in range(per_chain[c]):      # x_1 = value, x_h = x_{h-1}
                 s = next(it)
-                tokens[s] = names[c, h]
-                tokens[s + 1] = vals[c] if h == 0 else names[c, h - 1]
+                tokens[s] = names[c][h]
+                tokens[s + 1] = vals[c] if h == 0 else names[c][h - 1]
         targets = torch.full((length,), -100)
         ask = torch.randperm(chains, generator=g)[:n_queries]
         for i, c in enumerate(ask.tolist()):
             p = ctx + 2 * i
-            tokens[p], tokens[p + 1] = names[c, hops - 1], vals[c]
+            tokens[p], tokens[p + 1] = names[c][-1], vals[c]
             targets[p] = vals[c]
-        depths = torch.tensor([min(starts[c * hops:(c + 1) * hops]) / max(1, ctx - 1) for c in ask.tolist()])
+        depths = torch.tensor([min(starts[offsets[c]:offsets[c + 1]]) / max(1, ctx - 1) for c in ask.tolist()])
         return tokens, targets, depths, ctx
     raise ValueError(f"task must be one of {TASKS}, got {task!r}")
 

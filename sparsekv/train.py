@@ -45,7 +45,33 @@ class TrainConfig:
     eval_every: int = 50
     eval_examples: int = 128
     task_kwargs: dict = field(default_factory=dict)
+    eval_kwargs: dict = field(default_factory=dict)       # over task_kwargs for validation (e.g. all chains 2 hops)
+    stages: tuple = ()                     # task-kwargs overrides trained in turn at lengths[0] (e.g. hops 1, then a mix)
     model_overrides: dict = field(default_factory=dict)   # ModelConfig fields over the preset's
+
+    @classmethod
+    def from_log(cls, config: dict) -> "TrainConfig":
+        """The config recorded in a train_log.json (JSON lists back to tuples)."""
+        return cls(**{**config, "lengths": tuple(config["lengths"]), "stages": tuple(config.get("stages", ()))})
+
+    @property
+    def validation_kwargs(self) -> dict:
+        """Task kwargs of the final evaluation: the last stage's, with `eval_kwargs` on top."""
+        last = self.stages[-1] if self.stages else {}
+        return {**self.task_kwargs, **last, **self.eval_kwargs}
+
+    def curriculum(self) -> list[tuple[int, dict, dict]]:
+        """The steps of the curriculum, each (length, training kwargs, validation kwargs).
+
+        First each stage in turn at lengths[0], then the last stage at each longer length. Training
+        advances to the next step when validation accuracy reaches `advance_at`, and from then on
+        samples uniformly from every step unlocked so far (so earlier stages stay in the mix).
+        Earlier stages validate on their own task; the last one validates on `validation_kwargs`.
+        """
+        stages = list(self.stages) or [{}]
+        steps = [(self.lengths[0], {**self.task_kwargs, **st}, {**self.task_kwargs, **st}) for st in stages[:-1]]
+        last = {**self.task_kwargs, **stages[-1]}
+        return steps + [(L, last, self.validation_kwargs) for L in self.lengths]
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -77,6 +103,7 @@ def train(cfg: TrainConfig, out: Path | None = None, progress: bool = True) -> t
     model = Model(ModelConfig.from_name(cfg.preset, **cfg.model_overrides), seed=cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     log = {"config": asdict(cfg), "model": model.config.as_dict(), "curve": []}
+    plan = cfg.curriculum()
     unlocked, t0 = 1, time.perf_counter()
     bar = tqdm(total=cfg.max_steps, desc=f"train {cfg.task}", disable=not progress)
     step = 0
@@ -84,9 +111,8 @@ def train(cfg: TrainConfig, out: Path | None = None, progress: bool = True) -> t
         model.train()
         # training seeds: (seed, step) -> a stream disjoint from tasks.EVAL_SEED_OFFSET
         gen = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
-        length = cfg.lengths[int(torch.randint(0, unlocked, (1,), generator=gen))]
-        b = tasks.make_batch(cfg.task, cfg.batch, length, seed=(cfg.seed * 100_003 + step) % tasks.EVAL_SEED_OFFSET,
-                             **cfg.task_kwargs)
+        length, kw, _ = plan[int(torch.randint(0, unlocked, (1,), generator=gen))]
+        b = tasks.make_batch(cfg.task, cfg.batch, length, seed=(cfg.seed * 100_003 + step) % tasks.EVAL_SEED_OFFSET, **kw)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         logits = model.train_forward(b.tokens)
@@ -97,22 +123,25 @@ def train(cfg: TrainConfig, out: Path | None = None, progress: bool = True) -> t
         opt.step()
         bar.update(1)
         if step % cfg.eval_every == cfg.eval_every - 1:
-            cur = cfg.lengths[unlocked - 1]
-            acc = evaluate(model, cfg.task, cur, cfg.eval_examples, **cfg.task_kwargs)
+            cur, _, val_kw = plan[unlocked - 1]
+            acc = evaluate(model, cfg.task, cur, cfg.eval_examples, **val_kw)
             minutes = (time.perf_counter() - t0) / 60
-            log["curve"].append({"step": step + 1, "loss": float(loss.detach()), "length": cur, "val_acc": acc, "minutes": minutes})
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", len=cur, acc=f"{acc:.3f}")
-            if acc >= cfg.advance_at and unlocked < len(cfg.lengths):
+            log["curve"].append({"step": step + 1, "loss": float(loss.detach()), "length": cur, "stage": unlocked - 1,
+                                 "val_acc": acc, "minutes": minutes})
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", stage=unlocked - 1, len=cur, acc=f"{acc:.3f}")
+            if acc >= cfg.advance_at and unlocked < len(plan):
                 unlocked += 1
-            elif unlocked == len(cfg.lengths) and acc >= cfg.target:
+            elif unlocked == len(plan) and acc >= cfg.target:
                 break
             if minutes > cfg.max_minutes:
                 break
     bar.close()
     model.eval()
     log["steps"] = step + 1
+    log["threads"] = torch.get_num_threads()
     log["minutes"] = (time.perf_counter() - t0) / 60
-    log["final_val_acc"] = {L: evaluate(model, cfg.task, L, cfg.eval_examples * 2, **cfg.task_kwargs) for L in cfg.lengths}
+    log["final_val_acc"] = {L: evaluate(model, cfg.task, L, cfg.eval_examples * 2, **cfg.validation_kwargs)
+                            for L in cfg.lengths}
     if out is not None:
         save(model, out, log)
     return model, log
@@ -136,18 +165,31 @@ def model_card(model: Model, log: dict) -> str:
     c, t = model.config, log["config"]
     n = sum(p.numel() for p in model.parameters())
     accs = ", ".join(f"{k} tokens: {v:.3f}" for k, v in log["final_val_acc"].items())
+    stages = t.get("stages") or []
+    eval_kw = t.get("eval_kwargs") or {}
+    stage_text = (f"; first the stages {stages} in turn at {t['lengths'][0]} tokens (each kept in the mix once passed)"
+                  if stages else "")
+
+    threads = f"--threads {log['threads']} " if log.get("threads") else ""   # float sums depend on the thread count
+
+    def flag(name, value):
+        return f" --{name} {json.dumps(value)!r}" if value else ""
     return (f"# {t['task']} ({t['preset']})\n\n"
             f"- Architecture: mixers {list(c.mixers)}, width {c.dim}, {c.n_heads} query / {c.n_kv_heads} kv heads, "
             f"positions {c.positions!r}, vocabulary {c.vocab_size}; {n / 1e6:.2f}M parameters.\n"
-            f"- Task: `{t['task']}` {t['task_kwargs'] or ''} (sparsekv.tasks), answers scored after each query token.\n"
-            f"- Recipe: AdamW lr {t['lr']} (weight decay {t['weight_decay']}), warm-up {t['warmup']} then cosine, "
-            f"batch {t['batch']}, fresh data each step; length curriculum {list(t['lengths'])} "
-            f"(advance at {t['advance_at']} validation accuracy); stop at {t['target']} or {t['max_minutes']} minutes.\n"
+            f"- Task: `{t['task']}` {t['task_kwargs'] or ''} (sparsekv.tasks), answers scored after each query token"
+            f"{f'; validated with {eval_kw} on top' if eval_kw else ''}.\n"
+            f"- Recipe: AdamW lr {t['lr']} (weight decay {t['weight_decay']}), warm-up {t['warmup']} then cosine over "
+            f"{t['max_steps']} steps, batch {t['batch']}, fresh data each step{stage_text}; length curriculum "
+            f"{list(t['lengths'])} (advance at {t['advance_at']} validation accuracy); stop at {t['target']} or "
+            f"{t['max_minutes']} minutes.\n"
             f"- Trained: {log['steps']} steps in {log['minutes']:.1f} minutes on this 2-core CPU (seed {t['seed']}).\n"
             f"- Dense validation accuracy (eval seed stream, {2 * t['eval_examples']} sequences): {accs}.\n"
-            f"- Reproduce: `python -m sparsekv.train --task {t['task']} --preset {t['preset']} --seed {t['seed']}"
-            f"{' --task-kwargs ' + repr(json.dumps(t['task_kwargs'])) if t['task_kwargs'] else ''}"
-            f"{' --model-overrides ' + repr(json.dumps(t['model_overrides'])) if t.get('model_overrides') else ''} --out DIR`.\n")
+            f"- Reproduce: `python -m sparsekv.train --task {t['task']} --preset {t['preset']} --seed {t['seed']} "
+            f"{threads}"
+            f"--lengths {' '.join(map(str, t['lengths']))} --max-steps {t['max_steps']} --max-minutes {t['max_minutes']}"
+            f"{flag('task-kwargs', t['task_kwargs'])}{flag('stages', stages)}{flag('eval-kwargs', eval_kw)}"
+            f"{flag('model-overrides', t.get('model_overrides'))} --out DIR`.\n")
 
 
 def load_trained(path: str | Path) -> Model:
@@ -181,6 +223,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--task-kwargs", type=json.loads, default={}, help='JSON, e.g. \'{"hops": 2}\'')
+    ap.add_argument("--eval-kwargs", type=json.loads, default={}, help='JSON over --task-kwargs for validation')
+    ap.add_argument("--stages", type=json.loads, default=[],
+                    help='JSON list of task-kwargs overrides trained in turn first, e.g. \'[{"hops": 1}, {"min_hops": 1}]\'')
     ap.add_argument("--model-overrides", type=json.loads, default={}, help='JSON, e.g. \'{"n_heads": 4}\'')
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, required=True)
@@ -189,7 +234,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(task=args.task, preset=args.preset, seed=args.seed, lengths=tuple(args.lengths),
                       max_minutes=args.max_minutes, max_steps=args.max_steps, target=args.target, batch=args.batch,
-                      lr=args.lr, task_kwargs=args.task_kwargs, model_overrides=args.model_overrides)
+                      lr=args.lr, task_kwargs=args.task_kwargs, eval_kwargs=args.eval_kwargs,
+                      stages=tuple(args.stages), model_overrides=args.model_overrides)
     _, log = train(cfg, out=args.out)
     print(json.dumps({"steps": log["steps"], "minutes": round(log["minutes"], 2), "final_val_acc": log["final_val_acc"]}))
     return 0

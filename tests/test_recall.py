@@ -23,6 +23,49 @@ def test_tasks_are_seeded_and_score_the_answers(task):
     assert (pos[:, 1] >= a.first_query[pos[:, 0]]).all()
 
 
+def _follow_chain(tokens, ctx, name):
+    """Follow `name -> next token` statements in tokens[:ctx]: (hops, value, statement positions)."""
+    where = []
+    while tasks.KEYS[0] <= name < tasks.KEYS[1]:
+        at = (tokens[:ctx - 1:2] == name).nonzero().flatten() * 2      # statements start at even positions
+        assert len(at) == 1, "each name is defined exactly once"
+        where.append(int(at[0]))
+        name = int(tokens[at[0] + 1])
+    return len(where), name, where
+
+
+@pytest.mark.parametrize("hops,min_hops,shuffled", [(2, 2, False), (3, 3, False), (2, 1, False), (3, 1, False),
+                                                    (2, 2, True), (3, 1, True)])
+def test_multihop_answers_need_every_link_of_their_chain(hops, min_hops, shuffled):
+    b = tasks.make_batch("multihop", 16, 200, seed=5, hops=hops, min_hops=min_hops, chains=4, n_queries=4,
+                         shuffled=shuffled)
+    seen, in_order = set(), []
+    for row in range(16):
+        ctx = int(b.first_query[row])
+        for q in (b.targets[row] != -100).nonzero().flatten().tolist():
+            n, value, where = _follow_chain(b.tokens[row], ctx, int(b.tokens[row, q]))
+            assert value == int(b.targets[row, q]) and min_hops <= n <= hops
+            seen.add(n)
+            if n > 1:           # followed from the query back: variable tracking writes sources first
+                in_order.append(where == sorted(where, reverse=True))
+    assert seen == set(range(min_hops, hops + 1))                  # a mix really mixes
+    assert all(in_order) if not shuffled else not all(in_order)
+    with pytest.raises(ValueError, match="min_hops"):
+        tasks.make_batch("multihop", 1, 64, seed=0, hops=2, min_hops=3)
+
+
+def test_stages_come_first_and_validate_on_their_own_task():
+    cfg = TrainConfig(task="multihop", lengths=(64, 128), task_kwargs={"hops": 2, "chains": 4},
+                      stages=({"hops": 1}, {"min_hops": 1}), eval_kwargs={"min_hops": 2})
+    plan = cfg.curriculum()
+    assert [p[0] for p in plan] == [64, 64, 128]
+    assert plan[0][1] == plan[0][2] == {"hops": 1, "chains": 4}
+    assert plan[1][1] == {"hops": 2, "chains": 4, "min_hops": 1} and plan[1][2] == cfg.validation_kwargs
+    assert cfg.validation_kwargs == {"hops": 2, "chains": 4, "min_hops": 2}
+    assert TrainConfig.from_log(json.loads(json.dumps(vars(cfg)))) == cfg
+    assert [p[0] for p in TrainConfig(lengths=(64, 128)).curriculum()] == [64, 128]
+
+
 def test_evaluation_sets_never_overlap_training_data():
     cfg = TrainConfig(task="niah", lengths=(128, 256))
     train_seeds = {(cfg.seed * 100_003 + step) % tasks.EVAL_SEED_OFFSET for step in range(cfg.max_steps)}
@@ -104,7 +147,8 @@ def test_committed_weights_reproduce_their_recorded_dense_accuracy(name):
     cfg = log["config"]
     model = load_trained(path)
     for length, acc in log["final_val_acc"].items():
-        now = evaluate(model, cfg["task"], int(length), cfg["eval_examples"] * 2, **cfg["task_kwargs"])
+        now = evaluate(model, cfg["task"], int(length), cfg["eval_examples"] * 2,
+                       **TrainConfig.from_log(cfg).validation_kwargs)
         assert abs(now - acc) <= 0.01, (name, length, now, acc)
 
 
@@ -118,3 +162,19 @@ def test_hf_evaluation_path_runs_routed_and_dense_alike(tmp_path):
     res = recall_eval.evaluate_hf(model, batch, {"dense": None, "every": sk.Router("minmax", top_k=100)}, block_size=16)
     assert res["every"].correct == res["dense"].correct and len(res["dense"].correct) == 2 * 5
     assert res["every"].bytes_read > 0
+
+
+def test_dense_layers_counts_attention_layers_not_conv_layers():
+    model = sk.Model(sk.ModelConfig.from_name("recall-hops"))          # conv, attn, attn
+    assert model.config.attn_layers == [1, 2]
+    read = {}
+    for dense in (0, 1, 2):
+        engine = sk.Engine(model, router=sk.Router("minmax", top_k=3), block_size=8, num_blocks=64, dense_layers=dense)
+        seq = engine.new_sequence()
+        engine.prefill(seq, torch.arange(8, 88))
+        engine.decode(seq, 1)
+        read[dense] = engine.stats(seq).steps[-1].blocks_read
+    every = -(-81 // 8)                                    # blocks of one kv head at the routed step
+    assert read[2] == 2 * every                            # both attention layers dense
+    assert every < read[1] < 2 * every                     # the first dense, the second routed
+    assert read[0] < read[1]
