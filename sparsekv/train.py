@@ -104,6 +104,9 @@ def train(cfg: TrainConfig, out: Path | None = None, progress: bool = True) -> t
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     log = {"config": asdict(cfg), "model": model.config.as_dict(), "curve": []}
     plan = cfg.curriculum()
+    for length, kw, val_kw in plan:              # bad task kwargs fail here, not minutes into training
+        for k in (kw, val_kw):
+            tasks.make_batch(cfg.task, 1, length, seed=0, **k)
     unlocked, t0 = 1, time.perf_counter()
     bar = tqdm(total=cfg.max_steps, desc=f"train {cfg.task}", disable=not progress)
     step = 0

@@ -178,3 +178,16 @@ def test_dense_layers_counts_attention_layers_not_conv_layers():
     assert read[2] == 2 * every                            # both attention layers dense
     assert every < read[1] < 2 * every                     # the first dense, the second routed
     assert read[0] < read[1]
+
+
+def test_training_walks_the_stages_then_the_lengths(tmp_path):
+    cfg = TrainConfig(task="multihop", lengths=(64, 96), task_kwargs={"hops": 2, "chains": 2, "n_queries": 2},
+                      stages=({"hops": 1}, {"min_hops": 1}), eval_kwargs={"min_hops": 2}, advance_at=0.0, target=2.0,
+                      max_steps=8, eval_every=2, eval_examples=4, batch=4)
+    _, log = train(cfg, out=tmp_path, progress=False)
+    assert [(c["stage"], c["length"]) for c in log["curve"]] == [(0, 64), (1, 64), (2, 96), (2, 96)]
+    assert set(log["final_val_acc"]) == {64, 96} and log["threads"] >= 1
+    card = (tmp_path / "MODEL_CARD.md").read_text()
+    with pytest.raises(ValueError, match="min_hops"):                # the last stage is 1-hop: min_hops 2 can't be
+        train(TrainConfig(task="multihop", stages=({"hops": 1},), eval_kwargs={"min_hops": 2}), progress=False)
+    assert "--stages '[{\"hops\": 1}, {\"min_hops\": 1}]'" in card and "--eval-kwargs '{\"min_hops\": 2}'" in card
