@@ -7,7 +7,8 @@
     engine.stats(seq)                               # TTFT, time per output token, bytes per step
 
 Decode attention per layer: the first `dense_layers` attention layers (counted in store layers, so
-conv or linear layers do not count) are dense, as Quest keeps its first two; the others use the router (per engine, or per `decode` call) and `sparse_attention`.
+conv or linear layers do not count) are dense, as Quest keeps its first two; the others use the
+router (per engine, or per `decode` call) and `sparse_attention`.
 `router=None` means dense everywhere.
 """
 from __future__ import annotations

@@ -98,7 +98,7 @@ def make_example(task: str, length: int, g: torch.Generator, **kw):
         n_queries = kw.get("n_queries", 1)
         if not 1 <= min_hops <= hops:
             raise ValueError(f"min_hops must be in [1, hops={hops}], got {min_hops}")
-        if min_hops == hops:
+        if min_hops == hops:                   # draws nothing: fixed-hop streams stay as they were
             per_chain = [hops] * chains
         else:                                  # a hop mix: chain c gets min_hops..hops links
             per_chain = torch.randint(min_hops, hops + 1, (chains,), generator=g).tolist()

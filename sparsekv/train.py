@@ -46,7 +46,7 @@ class TrainConfig:
     eval_examples: int = 128
     task_kwargs: dict = field(default_factory=dict)
     eval_kwargs: dict = field(default_factory=dict)       # over task_kwargs for validation (e.g. all chains 2 hops)
-    stages: tuple = ()                     # task-kwargs overrides trained in turn at lengths[0] (e.g. hops 1, then a mix)
+    stages: tuple = ()                     # task-kwargs overrides trained in turn at lengths[0] (hops 1, then a mix)
     model_overrides: dict = field(default_factory=dict)   # ModelConfig fields over the preset's
 
     @classmethod
@@ -115,7 +115,8 @@ def train(cfg: TrainConfig, out: Path | None = None, progress: bool = True) -> t
         # training seeds: (seed, step) -> a stream disjoint from tasks.EVAL_SEED_OFFSET
         gen = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
         length, kw, _ = plan[int(torch.randint(0, unlocked, (1,), generator=gen))]
-        b = tasks.make_batch(cfg.task, cfg.batch, length, seed=(cfg.seed * 100_003 + step) % tasks.EVAL_SEED_OFFSET, **kw)
+        seed = (cfg.seed * 100_003 + step) % tasks.EVAL_SEED_OFFSET
+        b = tasks.make_batch(cfg.task, cfg.batch, length, seed=seed, **kw)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         logits = model.train_forward(b.tokens)
@@ -172,7 +173,6 @@ def model_card(model: Model, log: dict) -> str:
     eval_kw = t.get("eval_kwargs") or {}
     stage_text = (f"; first the stages {stages} in turn at {t['lengths'][0]} tokens (each kept in the mix once passed)"
                   if stages else "")
-
     threads = f"--threads {log['threads']} " if log.get("threads") else ""   # float sums depend on the thread count
 
     def flag(name, value):
@@ -190,7 +190,8 @@ def model_card(model: Model, log: dict) -> str:
             f"- Dense validation accuracy (eval seed stream, {2 * t['eval_examples']} sequences): {accs}.\n"
             f"- Reproduce: `python -m sparsekv.train --task {t['task']} --preset {t['preset']} --seed {t['seed']} "
             f"{threads}"
-            f"--lengths {' '.join(map(str, t['lengths']))} --max-steps {t['max_steps']} --max-minutes {t['max_minutes']}"
+            f"--lengths {' '.join(map(str, t['lengths']))} --max-steps {t['max_steps']} "
+            f"--max-minutes {t['max_minutes']}"
             f"{flag('task-kwargs', t['task_kwargs'])}{flag('stages', stages)}{flag('eval-kwargs', eval_kw)}"
             f"{flag('model-overrides', t.get('model_overrides'))} --out DIR`.\n")
 
@@ -228,7 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--task-kwargs", type=json.loads, default={}, help='JSON, e.g. \'{"hops": 2}\'')
     ap.add_argument("--eval-kwargs", type=json.loads, default={}, help='JSON over --task-kwargs for validation')
     ap.add_argument("--stages", type=json.loads, default=[],
-                    help='JSON list of task-kwargs overrides trained in turn first, e.g. \'[{"hops": 1}, {"min_hops": 1}]\'')
+                    help='JSON list of task-kwargs overrides trained in turn first, e.g. \'[{"hops": 1}, {}]\'')
     ap.add_argument("--model-overrides", type=json.loads, default={}, help='JSON, e.g. \'{"n_heads": 4}\'')
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, required=True)
