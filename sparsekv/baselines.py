@@ -6,6 +6,11 @@ Each metric is compared by its kind (recorded in the metrics JSON, see `report.p
     timing   a ratio from the same run; passes while now / base is within [1/ratio, ratio].
 Tolerances come from `tests/baselines/tolerances.yaml`: per-kind defaults, then overrides by
 metric-name pattern (fnmatch), first match wins. A metric that is new or missing fails.
+With `gate_timing=False` (smoke runs, `make test`) timing metrics are reported but never fail:
+a busy machine moves them, and timing claims are asserted in full runs only.
+
+Checks are compared too: a check the baseline holds that the run no longer records, or one the
+baseline gated that the run no longer gates, fails, so deleting or disabling a check is caught.
 
     python -m sparsekv.notebooks baseline [names]   re-records tests/baselines/NN.smoke.json
 """
@@ -46,7 +51,7 @@ class MetricDiff:
     baseline: float | None
     now: float | None
     tolerance: str
-    direction: str       # "=", "up", "down", "new", "missing"
+    direction: str       # "=", "up", "down", "new", "missing", "ungated" (checks)
     ok: bool
 
 
@@ -77,8 +82,8 @@ class Comparison:
                            "failures": [asdict(d) for d in self.failures]}, indent=1)
 
 
-def compare(baseline: dict, current: dict, tolerances: dict | None = None) -> Comparison:
-    """Compare two metrics records (as written by `report.write_metrics`)."""
+def compare(baseline: dict, current: dict, tolerances: dict | None = None, gate_timing: bool = True) -> Comparison:
+    """Compare two metrics records (as written by `report.write_metrics`), metrics and checks."""
     tol = tolerances or load_tolerances()
     base_m, now_m = baseline["metrics"], current["metrics"]
     kinds = {**current.get("kinds", {}), **baseline.get("kinds", {})}
@@ -94,9 +99,32 @@ def compare(baseline: dict, current: dict, tolerances: dict | None = None) -> Co
         b, n = base_m[name], now_m[name]
         spec = _tolerance_for(name, kind, tol)
         ok, text = _within(b, n, kind, spec)
+        if kind == "timing" and not gate_timing:
+            ok, text = True, text + " (not gated)"
         direction = "=" if n == b else ("up" if n > b else "down")
         diffs.append(MetricDiff(name, kind, b, n, text, direction, ok))
+    diffs += _compare_checks(baseline.get("checks", {}), current.get("checks", {}))
     return Comparison(current.get("notebook", baseline.get("notebook", "?")), diffs)
+
+
+def _compare_checks(base: dict, now: dict) -> list[MetricDiff]:
+    """A failing row for each baseline check that is missing now, or gated then and not now."""
+    out = []
+    for claim, b in sorted(base.items()):
+        n = now.get(claim)
+        if n is None:
+            out.append(MetricDiff(f"check: {claim}", "check", _value(b), None, "-", "missing", False))
+        elif _gated(b) and not _gated(n):
+            out.append(MetricDiff(f"check: {claim}", "check", _value(b), _value(n), "-", "ungated", False))
+    return out
+
+
+def _gated(c) -> bool:
+    return bool(c.get("gated", True)) if isinstance(c, dict) else True
+
+
+def _value(c):
+    return c.get("value") if isinstance(c, dict) else float(bool(c))
 
 
 def _tolerance_for(name: str, kind: str, tol: dict) -> dict:

