@@ -13,16 +13,20 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def cpu_decode_table(path: Path = RESULTS / "cpu_decode.json") -> str:
     d = json.loads(path.read_text())
     lines = [f"CPU decode, {d['threads']} threads, torch {d['torch']}, {d['date']} "
-             f"(read bandwidth {d['read_bandwidth_Bps'] / 1e9:.0f} GB/s; 32 q / 8 kv heads, head dim 128, block 64, "
-             f"budget {d['config']['budget']} tokens). Time over each variant's byte floor, and speed-ups:",
+             f"(read bandwidth {d['read_bandwidth_Bps'] / 1e9:.0f} GB/s, matmul {d['matmul_flops'] / 1e9:.0f} GFLOP/s; "
+             f"32 q / 8 kv heads, head dim 128, block 64, budget {d['config']['budget']} tokens). Time over each variant's "
+             "floor (the larger of its byte and compute floors; the bound that applies in brackets), and speed-ups with "
+             "the same work on both sides:",
              "",
-             "| context | dtype | sparse / floor | dense / floor | SDPA / floor | Flex / floor | sparse vs Flex | sparse vs SDPA | dense vs SDPA |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| context | dtype | routed / floor | attention alone / floor | dense / floor | SDPA / floor | Flex / floor "
+             "| attention vs Flex | routed vs Flex routed | dense vs SDPA |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    nan = float("nan")
     for r in d["cases"]:
-        lines.append(f"| {r['context']} | {r['dtype']} | {r['sparse_over_floor']:.2f} | {r['dense_over_floor']:.2f} | "
-                     f"{r['sdpa_over_floor']:.2f} | {r.get('flex_over_floor', float('nan')):.2f} | "
-                     f"{r.get('sparse_speedup_vs_flex', float('nan')):.2f}x | {r['sparse_speedup_vs_sdpa']:.1f}x | "
-                     f"{r['dense_speedup_vs_sdpa']:.2f}x |")
+        fl = lambda v: f"{r.get(f'{v}_over_floor', nan):.2f} ({r.get(f'{v}_bound', '?')})"
+        lines.append(f"| {r['context']} | {r['dtype']} | {fl('sparse')} | {fl('sparse_attn')} | {fl('dense')} | "
+                     f"{fl('sdpa')} | {fl('flex')} | {r.get('attn_speedup_vs_flex', nan):.2f}x | "
+                     f"{r.get('routed_speedup_vs_flex_routed', nan):.2f}x | {r['dense_speedup_vs_sdpa']:.2f}x |")
     return "\n".join(lines)
 
 

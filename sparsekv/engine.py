@@ -223,29 +223,37 @@ class Engine:
             self._step(seq, st, tok, router)
         return out
 
-    def feed(self, seq: Sequence, token_ids, router=_ENGINE_DEFAULT) -> torch.Tensor:
+    def feed(self, seq: Sequence, token_ids, router=_ENGINE_DEFAULT,
+             observer: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
         """Teacher forcing: decode the given tokens one at a time (routed like `decode`) and return
-        the logits after each, [n, vocab]. The last row becomes the sequence's next-token logits."""
+        the logits after each, [n, vocab]. The last row becomes the sequence's next-token logits.
+
+        observer: called as observer(store layer, q [Hq, D]) in every attention layer of every step,
+        after the step's K/V are written and before attention reads them (for analysis: attention
+        anatomy, routing recall); it must not modify q or the store.
+        """
         st = self._state(seq)
         ids = self._as_ids(token_ids)
         router = self.router if router is _ENGINE_DEFAULT else router
-        return torch.stack([self._step(seq, st, tok, router) for tok in ids.tolist()])
+        return torch.stack([self._step(seq, st, tok, router, observer) for tok in ids.tolist()])
 
-    def _step(self, seq: Sequence, st: _State, tok: int, router) -> torch.Tensor:
+    def _step(self, seq: Sequence, st: _State, tok: int, router, observer=None) -> torch.Tensor:
         """One decode step on token `tok`: forward, record its stats, return (and keep) its logits."""
         st.tokens.append(tok)
         step = StepStats(0.0, 0, 0, 0, {} if self.record_selections else None)
         t0 = time.perf_counter()
-        logits = self._forward(seq, torch.tensor([tok]), attend=self._decode_attend(seq, router, step))
+        logits = self._forward(seq, torch.tensor([tok]), attend=self._decode_attend(seq, router, step, observer))
         step.seconds = time.perf_counter() - t0
         st.stats.steps.append(step)
         st.next_logits = logits[0]
         return st.next_logits
 
-    def _decode_attend(self, seq: Sequence, router: Router | None, step: StepStats):
+    def _decode_attend(self, seq: Sequence, router: Router | None, step: StepStats, observer=None):
         store, c = self.store, self.store.config
 
         def attend(layer: int, q: torch.Tensor) -> torch.Tensor:      # q [1, Hq, D]
+            if observer is not None:
+                observer(layer, q[0])
             if router is None or layer < self.dense_layers:
                 out = dense_attention(q[0], store, seq, layer)
                 t = dense_traffic(seq.num_tokens, c.num_kv_heads, c.block_size, c.head_dim, c.itemsize, q.shape[1])

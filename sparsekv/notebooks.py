@@ -140,6 +140,14 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
               file=stream, flush=True)
         runs.append(run)
     print(summary_table(runs), file=stream, flush=True)
+    if mode == "run" and all(r.status == "ok" for r in runs):
+        from . import findings
+        try:
+            changed = findings.update(ROOT / "README.md", ROOT / "figures")
+            print("README findings re-rendered from figures/*.metrics.json" if changed else
+                  "README findings already match figures/*.metrics.json", file=stream, flush=True)
+        except KeyError as exc:        # a finding cites a notebook that has not been run at full size yet
+            print(f"README findings not re-rendered: {exc}", file=stream, flush=True)
     return runs
 
 

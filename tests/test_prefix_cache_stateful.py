@@ -1,10 +1,11 @@
 """Random interleavings of match/attach, insert, fork, free, pin, unpin and eviction under pressure."""
+import pytest
 import torch
 from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import run_state_machine_as_test, RuleBasedStateMachine, invariant, precondition, rule
 
 import sparsekv as sk
-from sparsekv.prefix_cache import PrefixCache
+from sparsekv.prefix_cache import POLICIES, PrefixCache
 from conftest import make_store
 from test_prefix_cache import kv_for
 
@@ -12,10 +13,13 @@ PREFIXES = [[7] * 8, [7] * 4 + [8] * 4, [9] * 12]          # shared starts, so r
 
 
 class CacheMachine(RuleBasedStateMachine):
+    policy, runs, checks = "lru", 0, 0      # the eviction policy under test; counters of set-ups and checks
+
     def __init__(self):
         super().__init__()
         self.store = make_store(layers=1, kv_heads=1, head_dim=2, block_size=4, num_blocks=16, repr_keys=0)
-        self.cache = PrefixCache(self.store, policy="lru")
+        self.cache = PrefixCache(self.store, policy=self.policy)
+        type(self).runs += 1
         self.live = {}            # seq_id -> (Sequence, tokens)
         self.pins = {}            # name -> blocks
 
@@ -89,5 +93,15 @@ class CacheMachine(RuleBasedStateMachine):
             assert torch.equal(self.store.k[0, b, 0], want[:, 0])
 
 
-TestCacheMachine = CacheMachine.TestCase
-TestCacheMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+    @invariant()
+    def count_operations(self):
+        type(self).checks += 1          # runs after set-up and after every operation
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_random_operations_under_every_eviction_policy(policy):
+    """At least 3,400 random operations per policy (over 10,000 in all), every invariant after each."""
+    CacheMachine.policy, CacheMachine.runs, CacheMachine.checks = policy, 0, 0
+    run_state_machine_as_test(CacheMachine, settings=settings(max_examples=120, stateful_step_count=50, deadline=None))
+    operations = CacheMachine.checks - CacheMachine.runs
+    assert operations >= 3400, f"only {operations} operations ran under {policy!r}"

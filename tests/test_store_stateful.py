@@ -1,18 +1,21 @@
 """Thousands of random append/fork/free operations against a shadow model of the store."""
 import torch
 from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import run_state_machine_as_test, RuleBasedStateMachine, invariant, precondition, rule
 
 import sparsekv as sk
 from conftest import make_store
 
 
 class StoreMachine(RuleBasedStateMachine):
+    runs, checks = 0, 0                    # counters of set-ups and checks (operations = checks - runs)
+
     def __init__(self):
         super().__init__()
         self.store = make_store(layers=2, kv_heads=2, head_dim=4, block_size=4, num_blocks=24)
         self.shadow = {}          # seq_id -> (Sequence, [k rows per layer])
         self.counter = 0
+        type(self).runs += 1
 
     def _rows(self, T):
         self.counter += 1
@@ -81,5 +84,13 @@ class StoreMachine(RuleBasedStateMachine):
         assert all(r == 0 for r in self.store.pool.ref_counts)
 
 
-TestStoreMachine = StoreMachine.TestCase
-TestStoreMachine.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+    @invariant()
+    def count_operations(self):
+        type(self).checks += 1          # runs after set-up and after every operation
+
+
+def test_at_least_ten_thousand_random_operations():
+    StoreMachine.runs, StoreMachine.checks = 0, 0
+    run_state_machine_as_test(StoreMachine, settings=settings(max_examples=250, stateful_step_count=50, deadline=None))
+    operations = StoreMachine.checks - StoreMachine.runs
+    assert operations >= 10_000, f"only {operations} random operations ran"
