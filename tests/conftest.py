@@ -1,10 +1,13 @@
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 import sparsekv as sk
+
+REPO = Path(__file__).resolve().parents[1]      # the repository root the suite tests run against
 
 # Triton's interpreter is chosen when functions are decorated: triton.language's own helpers at
 # `import triton`, the kernels at their import. Import both here, first, with the flag set; the

@@ -4,21 +4,22 @@ import json
 
 import pytest
 
-from sparsekv import baselines, notebooks as nbrun
+from conftest import REPO
+from sparsekv.suite import regression as baselines, runner as nbrun
 
-STEMS = [p.stem for p in nbrun.discover()]
+STEMS = [p.stem for p in nbrun.discover(root=REPO)]
 
 
 def load(stem):
-    return json.loads(baselines.baseline_path(stem, "smoke").read_text())
+    return json.loads(baselines.baseline_path(stem, "smoke", root=REPO).read_text())
 
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_every_notebook_has_committed_smoke_and_full_metrics(stem):
-    smoke = baselines.baseline_path(stem, "smoke")
-    full = baselines.baseline_path(stem, "full")
-    assert smoke.exists(), f"record it: python -m sparsekv.notebooks baseline {stem}"
-    assert full.exists(), f"run the full notebook: python -m sparsekv.notebooks run {stem}"
+    smoke = baselines.baseline_path(stem, "smoke", root=REPO)
+    full = baselines.baseline_path(stem, "full", root=REPO)
+    assert smoke.exists(), f"record it: python -m sparsekv notebooks baseline {stem}"
+    assert full.exists(), f"run the full notebook: python -m sparsekv notebooks run {stem}"
     assert baselines.compare(load(stem), load(stem)).ok
 
 

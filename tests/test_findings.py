@@ -4,34 +4,34 @@ import shutil
 
 import pytest
 
-from sparsekv import findings, notebooks as nbrun
+from conftest import REPO
+from sparsekv.suite import findings, runner as nbrun
 
-ROOT = nbrun.ROOT
 CITED = sorted({src for f in findings.FINDINGS for src in f.values.values() if not callable(src)})
 
 
 def test_readme_findings_match_the_committed_full_run_metrics():
-    readme = (ROOT / "README.md").read_text()
-    assert findings.section(readme) == findings.render(ROOT / "figures"), \
-        "README findings differ from figures/*.metrics.json: run `python -m sparsekv.findings`"
+    readme = (REPO / "README.md").read_text()
+    assert findings.section(readme) == findings.render(REPO / "figures"), \
+        "README findings differ from figures/*.metrics.json: run `python -m sparsekv findings`"
 
 
 def test_every_finding_cites_metrics_that_exist():
-    m = findings.load(ROOT / "figures")
+    m = findings.load(REPO / "figures")
     missing = [f"{s}:{k}" for s, k in CITED if k not in m.get(s, {})]
     assert CITED and not missing, missing
 
 
 @pytest.mark.parametrize("cited", CITED, ids=[f"{s}:{k}" for s, k in CITED])
 def test_perturbing_a_cited_metric_breaks_the_readme_check(cited, tmp_path):
-    for f in (ROOT / "figures").glob("*.metrics.json"):
+    for f in (REPO / "figures").glob("*.metrics.json"):
         shutil.copy(f, tmp_path / f.name)
     stem, metric = cited
     path = tmp_path / f"{stem}.metrics.json"
     rec = json.loads(path.read_text())
     rec["metrics"][metric] = rec["metrics"][metric] * 1.37 + 0.211      # a visible move at any printed precision
     path.write_text(json.dumps(rec))
-    readme = (ROOT / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     assert findings.section(readme) != findings.render(tmp_path)
 
 

@@ -77,7 +77,7 @@ def test_paged_decode_matches_float64(G, D, dtype):
     q = torch.randn(len(seqs), 2 * G, D, generator=g).to(DEV, dtype)
     sels = [random_selection(s, 2, 5, g).to(DEV) for s in seqs]
     # small splits so several splits (and some empty ones) are merged
-    out, lse = sk.attention._batch_triton(q, store, seqs, 0, sels, poison=True)
+    out, lse = sk.attention.decode._batch_triton(q, store, seqs, 0, sels, poison=True)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     for b, s in enumerate(seqs):
         want, want_lse = exact(q[b], store, s, sels[b])
@@ -148,7 +148,7 @@ def test_sparse_attention_triton_backend_and_auto_dispatch(monkeypatch):
     b, rb = sk.sparse_attention(q, store, seqs[2], 0, sel, backend="torch")
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert ra.kv_bytes == rb.kv_bytes
-    from sparsekv.dispatch import resolve
+    from sparsekv.core.backend import resolve
     assert resolve("auto", q) == "triton"        # CUDA, or CPU under the interpreter
     if DEV == "cuda":
         return

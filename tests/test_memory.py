@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import sparsekv as sk
-from sparsekv.profiling import peak_allocated_bytes
+from sparsekv.core.profiling import peak_allocated_bytes
 from conftest import make_store
 
 
@@ -39,5 +39,5 @@ def test_dense_step_never_copies_the_cache(dtype):
     peak = peak_allocated_bytes(lambda: sk.dense_attention(q, store, seq, 0))
     # float32: only the scores ([H, G, N], G / (2 D) of the K/V bytes). bf16 adds at most two
     # fixed-size conversion chunks (K and V), whatever the context length.
-    chunks = 0 if dtype == torch.float32 else 2 * sk.attention.CONVERT_CHUNK_BYTES
+    chunks = 0 if dtype == torch.float32 else 2 * sk.attention.decode.CONVERT_CHUNK_BYTES
     assert peak < 0.25 * kv + chunks, (peak, kv)

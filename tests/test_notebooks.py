@@ -14,14 +14,15 @@ import sys
 
 import pytest
 
-from sparsekv import baselines, notebooks as nbrun
+from conftest import REPO
+from sparsekv.suite import regression as baselines, runner as nbrun
 
-NOTEBOOKS = nbrun.discover()
+NOTEBOOKS = nbrun.discover(root=REPO)
 HOG = "import time\nt = time.time() + {limit}\nwhile time.time() < t:\n    pass\n"
 
 
 def has_timing(stem: str) -> bool:
-    path = baselines.baseline_path(stem, "smoke")
+    path = baselines.baseline_path(stem, "smoke", root=REPO)
     return path.exists() and "timing" in json.loads(path.read_text())["kinds"].values()
 
 
@@ -56,8 +57,8 @@ def test_timing_bearing_notebooks_exist():
 def test_notebook_smoke(path, tmp_path, request):
     if has_timing(path.stem):
         assert request.getfixturevalue("cpu_hog") >= 2
-    figures_before = {p: p.stat().st_mtime for p in (nbrun.ROOT / "figures").glob("*")}
-    run = nbrun.run_notebook(path, tmp_path, tmp_path / "figures", nbrun.smoke_parameters(path.stem), timeout=600)
+    figures_before = {p: p.stat().st_mtime for p in (REPO / "figures").glob("*")}
+    run = nbrun.run_notebook(path, tmp_path, tmp_path / "figures", nbrun.smoke_parameters(path.stem, REPO), timeout=600)
     assert run.status == "ok", run.error
     assert run.metrics["notebook"] == path.stem
     assert run.metrics["metrics"], "no metrics recorded"
@@ -67,22 +68,22 @@ def test_notebook_smoke(path, tmp_path, request):
     assert all(c["passed"] for c in checks.values() if c["gated"])
     assert any(c["gated"] and c["role"] == "finding" for c in checks.values()), "no gated finding: only invariants"
     assert any((tmp_path / "figures").iterdir()), "the notebook drew no figure"
-    assert {p: p.stat().st_mtime for p in (nbrun.ROOT / "figures").glob("*")} == figures_before
+    assert {p: p.stat().st_mtime for p in (REPO / "figures").glob("*")} == figures_before
     # Regression against the committed smoke baseline (tests/baselines/NN.smoke.json).
-    base = json.loads(baselines.baseline_path(path.stem, "smoke").read_text())
-    cmp = baselines.compare(base, run.metrics, gate_timing=False)
+    base = json.loads(baselines.baseline_path(path.stem, "smoke", root=REPO).read_text())
+    cmp = baselines.compare(base, run.metrics, gate_timing=False, root=REPO)
     if not cmp.ok:
         (tmp_path / f"{path.stem}.diff.json").write_text(cmp.to_json())
         pytest.fail(cmp.table() + f"\n(JSON diff: {tmp_path / f'{path.stem}.diff.json'}; if the change is intended, "
-                    f"re-record with: python -m sparsekv.notebooks baseline {path.stem})", pytrace=False)
+                    f"re-record with: python -m sparsekv notebooks baseline {path.stem})", pytrace=False)
 
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("stem", ["00_tour", "03_lost_detail_probes"])
 def test_smoke_runs_are_deterministic(stem, tmp_path):
     """Two smoke runs give identical exact and numeric metrics (timings excluded)."""
-    path = nbrun.discover([stem])[0]
-    params = nbrun.smoke_parameters(stem)
+    path = nbrun.discover([stem], REPO)[0]
+    params = nbrun.smoke_parameters(stem, REPO)
     a = nbrun.run_notebook(path, tmp_path / "a", tmp_path / "fa", params, timeout=300)
     b = nbrun.run_notebook(path, tmp_path / "b", tmp_path / "fb", params, timeout=300)
     assert a.status == b.status == "ok", a.error or b.error

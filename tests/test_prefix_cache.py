@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import sparsekv as sk
-from sparsekv.prefix_cache import PrefixCache
+from sparsekv.storage.prefix_cache import PrefixCache
 from conftest import make_store
 
 

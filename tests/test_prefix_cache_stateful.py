@@ -5,7 +5,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import run_state_machine_as_test, RuleBasedStateMachine, invariant, precondition, rule
 
 import sparsekv as sk
-from sparsekv.prefix_cache import POLICIES, PrefixCache
+from sparsekv.storage.prefix_cache import POLICIES, PrefixCache
 from conftest import make_store
 from test_prefix_cache import kv_for
 

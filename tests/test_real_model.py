@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import sparsekv as sk
-from sparsekv import fetch
-from sparsekv.checkpoint import converted_folder
+from sparsekv.model import fetch
+from sparsekv.model.checkpoint import converted_folder
 
 GGUF = fetch.model_path(fetch.SMOLLM2, fetch.__file__.rsplit("/sparsekv/", 1)[0])
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import sparsekv as sk
-from sparsekv import recall_eval, tasks
-from sparsekv.train import TrainConfig, load_trained, train
+from sparsekv.recall import evaluation as recall_eval, tasks
+from sparsekv.recall.train import TrainConfig, load_trained, train
 
 MODELS = Path(sk.__file__).resolve().parents[1] / "data" / "models"
 
@@ -116,17 +116,17 @@ def test_prefix_cache_refuses_models_with_recurrent_state():
 
 def test_hf_attention_with_every_block_equals_the_models_own():
     transformers = pytest.importorskip("transformers")
-    import sparsekv.hf
+    import sparsekv.recall.hf
     cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     torch.manual_seed(0)
-    name = sparsekv.hf.register(sk.Router("minmax", top_k=1000), block_size=8)
+    reg = sparsekv.recall.hf.register(sk.Router("minmax", top_k=1000), block_size=8)
     import copy
     ref = transformers.LlamaForCausalLM(copy.deepcopy(cfg)).eval()      # each model its own config object
     ref.config._attn_implementation = "eager"
     routed = transformers.LlamaForCausalLM(copy.deepcopy(cfg)).eval()
     routed.load_state_dict(ref.state_dict())
-    routed.config._attn_implementation = name
+    routed.config._attn_implementation = reg.name
     assert ref.config._attn_implementation == "eager"
     prompt = torch.randint(0, 97, (1, 29))
     kw = dict(max_new_tokens=12, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
@@ -135,13 +135,13 @@ def test_hf_attention_with_every_block_equals_the_models_own():
     assert torch.equal(a.sequences, b.sequences)
     for x, y in zip(a.scores, b.scores):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
-    assert len(sparsekv.hf.steps()) == 11 * 2                      # 11 routed decode steps x 2 layers
+    assert len(reg.steps) == 11 * 2                                       # 11 routed decode steps x 2 layers
 
 
 @pytest.mark.skipif(not MODELS.exists(), reason="no trained models committed")
 @pytest.mark.parametrize("name", sorted(p.name for p in MODELS.glob("*") if (p / "config.json").exists()) if MODELS.exists() else [])
 def test_committed_weights_reproduce_their_recorded_dense_accuracy(name):
-    from sparsekv.train import evaluate
+    from sparsekv.recall.train import evaluate
     path = MODELS / name
     log = json.loads((path / "train_log.json").read_text())
     cfg = log["config"]

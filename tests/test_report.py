@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from sparsekv.report import Check, Checks, NotebookCheckError, write_metrics
+from sparsekv.suite.report import Check, Checks, NotebookCheckError, write_metrics
 
 
 def test_nan_metric_fails_loudly(tmp_path):

@@ -88,7 +88,7 @@ def test_minmax_logit_is_an_upper_bound_on_every_key_in_the_block():
     store, seq, q = random_setup(seed=3)
     sel = sk.Router("minmax", top_p=1.0)
     c = store.config
-    inp = sk.routing.ScoreInput(q.view(2, 4, 32), store, seq, 0, store.block_table(seq))
+    inp = sk.routing.scorers.ScoreInput(q.view(2, 4, 32), store, seq, 0, store.block_table(seq))
     bound = sel.scorer.logits(inp, "torch", None) * math.sqrt(32)          # [H, G, nb]
     K, _ = store.gather(seq, 0)
     for j in range(seq.num_blocks):
@@ -111,9 +111,9 @@ def test_mean_and_repr_scores_match_their_definitions():
     store, seq, q = random_setup(seed=5)
     K, _ = store.gather(seq, 0)
     qg = q.view(2, 4, 32)
-    inp = sk.routing.ScoreInput(qg, store, seq, 0, store.block_table(seq))
-    mean = sk.routing.MeanScorer().logits(inp, "torch", None) * math.sqrt(32)
-    rep = sk.routing.ReprScorer().logits(inp, "torch", None) * math.sqrt(32)
+    inp = sk.routing.scorers.ScoreInput(qg, store, seq, 0, store.block_table(seq))
+    mean = sk.routing.scorers.MeanScorer().logits(inp, "torch", None) * math.sqrt(32)
+    rep = sk.routing.scorers.ReprScorer().logits(inp, "torch", None) * math.sqrt(32)
     for j in range(seq.num_blocks):
         rows = K[j * 16:(j + 1) * 16]
         torch.testing.assert_close(mean[:, :, j], torch.einsum("hgd,hd->hg", qg, rows.mean(0)), atol=1e-4, rtol=1e-5)

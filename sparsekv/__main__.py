@@ -1,0 +1,26 @@
+"""sparsekv's command line: `python -m sparsekv COMMAND [args]`.
+
+    notebooks run|smoke|baseline [names]   the papermill runner (suite.runner)
+    train ...                              train a recall model (recall.train)
+    fetch [--root DIR]                     fetch and verify the real model (model.fetch)
+    findings [--check]                     re-render the README findings from the metrics (suite.findings)
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {"notebooks": "sparsekv.suite.runner", "train": "sparsekv.recall.train",
+            "fetch": "sparsekv.model.fetch", "findings": "sparsekv.suite.findings"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__.strip(), file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Grids for notebook 08: the real model under every router and budget, one prefill per prompt.
+
+Each prompt is prefilled once; every method then decodes on a copy-on-write fork
+(`Engine.fork`), so a grid costs decode steps rather than prefills. Methods are named
+"dense" or "<scorer>@<token budget>" and bound once in `methods()`.
+Rows are flat dicts, ready for `study.mean_of` / `study.pivot`.
+"""
+from __future__ import annotations
+
+import statistics
+
+from . import corpus
+
+from . import longctx
+from ..model.engine import Engine
+from ..routing.router import Router
+
+
+def methods(scorers, budgets, seed: int = 0) -> dict[str, Router | None]:
+    """{"dense": None, "minmax@128": Router(...), ...}: the routers of a grid, built once."""
+    out: dict[str, Router | None] = {"dense": None}
+    out.update({f"{s}@{b}": Router(s, token_budget=b, seed=seed) for s in scorers for b in budgets})
+    return out
+
+
+def _bar(total: int, desc: str, progress: bool):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, disable=not progress, leave=False)
+
+
+def passkey_grid(engine: Engine, tok, lengths, prompts: int, routers: dict, seed: int = 0,
+                 progress: bool = True) -> tuple[list[dict], dict]:
+    """Passkey at each length, `prompts` depths spread over [0.05, 0.95], every method.
+
+    Returns (rows, ttft): rows {length, depth, method, correct, steps, step_s}; ttft {length: [s]}
+    (the prefill of each prompt, all but its last token).
+    """
+    import random
+    rng = random.Random(seed)
+    filler = tok(longctx.PASSKEY_FILLER * (max(lengths) // 8 + 16), add_special_tokens=False)["input_ids"]
+    depths = [0.05 + 0.9 * i / max(1, prompts - 1) for i in range(prompts)]
+    rows, ttft = [], {L: [] for L in lengths}
+    bar = _bar(len(lengths) * prompts, "passkey prompts", progress)
+    for L in lengths:
+        for d in depths:
+            probe = longctx.passkey(tok, L, d, rng.randrange(10000, 99999), filler)
+            seq = longctx.prefill_probe(engine, probe.ids)
+            ttft[L].append(engine.stats(seq).ttft_s)
+            for name, r in routers.items():
+                a = longctx.score_answer(engine, seq, probe.ids[-1], probe.answer, r)
+                rows.append({"length": L, "depth": d, "method": name, "correct": float(a.correct), "steps": a.steps,
+                             "step_s": statistics.median(a.step_seconds)})
+            engine.finish(seq)
+            bar.update()
+    bar.close()
+    return rows, ttft
+
+
+def needle_grid(engine: Engine, tok, kinds, length: int, depths, routers: dict, progress: bool = True) -> list[dict]:
+    """A fact planted in real prose and real code at each depth; every method answers it."""
+    rows = []
+    bar = _bar(len(kinds) * len(depths), "needles in real text", progress)
+    for kind in kinds:
+        hay = tok(corpus.haystack(kind), add_special_tokens=False)["input_ids"]
+        for i, d in enumerate(depths):
+            probe = longctx.text_needle(tok, hay, kind, length, d, seed=i)
+            seq = longctx.prefill_probe(engine, probe.ids)
+            for name, r in routers.items():
+                a = longctx.score_answer(engine, seq, probe.ids[-1], probe.answer, r)
+                rows.append({"kind": kind, "depth": d, "method": name, "correct": float(a.correct)})
+            engine.finish(seq)
+            bar.update()
+    bar.close()
+    return rows
+
+
+def document_grid(engine: Engine, tok, kinds, length: int, tail: int, routers: dict, dense_layers,
+                  anatomy_steps: int, anatomy_routers: dict, progress: bool = True) -> tuple[list[dict], list[dict]]:
+    """Long real documents: next-token loss over the last `tail` tokens under every method and
+    number of dense leading layers, and the attention anatomy of the first `anatomy_steps` tail tokens.
+
+    Returns (loss rows {kind, method, dense_layers, nll, step_s}, anatomy rows {kind, step, layer, ...}).
+    """
+    loss_rows, anat_rows = [], []
+    keep = engine.dense_layers
+    runs = [("dense", None, 0)] + [(n, r, dl) for dl in dense_layers for n, r in routers.items() if r is not None]
+    bar = _bar(len(kinds) * len(runs), "long documents", progress)
+    try:
+        for kind in kinds:
+            ids = corpus.take(tok, corpus.haystack(kind), length)
+            seq = engine.new_sequence()
+            engine.prefill(seq, ids[:length - tail - 1])
+            for row in longctx.anatomy(engine, seq, ids[length - tail - 1:][:anatomy_steps], anatomy_routers):
+                anat_rows.append({"kind": kind, **row})
+            for name, r, dl in runs:
+                engine.dense_layers = dl
+                nll, secs = longctx.tail_nll(engine, seq, ids[length - tail - 1:], r)
+                loss_rows.append({"kind": kind, "method": name, "dense_layers": dl, "nll": nll,
+                                  "step_s": statistics.median(secs)})
+                bar.update()
+            engine.finish(seq)
+    finally:
+        engine.dense_layers = keep
+        bar.close()
+    return loss_rows, anat_rows

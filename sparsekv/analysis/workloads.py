@@ -1,0 +1,259 @@
+"""Seeded token-level traces that stand for agent traffic, and ways to replay them.
+
+Content is random token ids (ids >= 4) in named segments: a system prompt, tool schemas, a
+code snapshot, per-agent histories, questions. What matters for a prefix cache is which
+segments repeat, in which order. Every trace knows its *theoretical* hit tokens: for each
+request, the longest prefix it shares with any earlier request of the same namespace
+(capped to leave one token to compute), which no cache can beat.
+
+    replay(engine, trace)                      through a real Engine (TTFT, logits)
+    simulate(trace, block_size, num_blocks)    through a store and cache only (no model):
+                                               hit rates for block-size and capacity sweeps
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..storage.prefix_cache import PrefixCache
+from ..storage.store import BlockStore, StoreConfig
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str
+    token_ids: torch.Tensor          # [T] int64 prompt
+    namespace: object = None
+    decode_tokens: int = 16
+
+
+@dataclass
+class Trace:
+    name: str
+    requests: list[Request]
+    notes: str = ""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.requests)
+
+    def theoretical_hits(self, block_size: int = 1) -> list[int]:
+        """Per request: the longest prefix shared with an earlier request's prompt or
+        generated tokens can't be known in advance, so this counts prompts only: the longest
+        common prefix with any earlier prompt in the namespace, rounded down to whole blocks
+        and capped at len - 1."""
+        out = []
+        for i, r in enumerate(self.requests):
+            best = 0
+            for e in self.requests[:i]:
+                if e.namespace != r.namespace:
+                    continue
+                best = max(best, _lcp(r.token_ids, e.token_ids))
+            best = min(best, len(r.token_ids) - 1)
+            out.append(best // block_size * block_size)
+        return out
+
+    def max_hit_rate(self, block_size: int = 1) -> float:
+        return sum(self.theoretical_hits(block_size)) / self.prompt_tokens
+
+
+class _Text:
+    """Seeded random segments."""
+
+    def __init__(self, seed: int, vocab: int):
+        self.g = torch.Generator().manual_seed(seed)
+        self.vocab = vocab
+
+    def __call__(self, n: int) -> torch.Tensor:
+        return torch.randint(4, self.vocab, (n,), generator=self.g)
+
+
+def multi_agent_build(agents: int = 4, turns: int = 5, system: int = 1024, tools: int = 8, tool_len: int = 96,
+                      snapshot: int = 2048, growth: int = 384, message: int = 96, tool_result: int = 192,
+                      vocab: int = 4096, seed: int = 0, decode_tokens: int = 16) -> Trace:
+    """Agents building a game lobby and its games share a system prompt, tool schemas and a
+    growing code snapshot; each keeps its own history of messages and tool results.
+
+    Prompt of agent a at turn t: system | tools | snapshot_t | history_a | new message. The
+    snapshot is append-only (snapshot_t extends snapshot_{t-1}), so consecutive turns share
+    system, tools and the old snapshot; the agent's own history sits after the snapshot.
+    """
+    text = _Text(seed, vocab)
+    sys_p, tool_p = text(system), torch.cat([text(tool_len) for _ in range(tools)])
+    snap = text(snapshot)
+    history = [torch.empty(0, dtype=torch.long) for _ in range(agents)]
+    reqs = []
+    for t in range(turns):
+        if t:
+            snap = torch.cat([snap, text(growth)])
+        for a in range(agents):
+            msg = text(message)
+            prompt = torch.cat([sys_p, tool_p, snap, history[a], msg])
+            reqs.append(Request(f"agent{a}/turn{t}", prompt, decode_tokens=decode_tokens))
+            history[a] = torch.cat([history[a], msg, text(tool_result)])
+    return Trace("multi_agent_build", reqs, "system | tools | growing snapshot | own history | message")
+
+
+def repo_qa(snapshot: int = 16384, questions: int = 16, system: int = 512, q_len: tuple[int, int] = (32, 256),
+            vocab: int = 4096, seed: int = 1, decode_tokens: int = 16) -> Trace:
+    """One large static code snapshot followed by many short questions."""
+    text = _Text(seed, vocab)
+    sys_p, repo = text(system), text(snapshot)
+    lens = torch.randint(q_len[0], q_len[1] + 1, (questions,), generator=text.g).tolist()
+    reqs = [Request(f"q{i}", torch.cat([sys_p, repo, text(n)]), decode_tokens=decode_tokens) for i, n in enumerate(lens)]
+    return Trace("repo_qa", reqs, "system | snapshot | question")
+
+
+def multi_project_qa(projects: int = 8, requests: int = 64, zipf_s: float = 1.2, system: int = 512,
+                     snapshot: int = 3072, q_len: tuple[int, int] = (32, 128), vocab: int = 4096, seed: int = 5,
+                     decode_tokens: int = 8) -> Trace:
+    """Questions about several code bases, chosen with Zipf popularity (project k with weight
+    1 / (k + 1)^zipf_s): a working set larger than a small cache, where the eviction policy matters."""
+    text = _Text(seed, vocab)
+    sys_p = text(system)
+    snaps = [text(snapshot) for _ in range(projects)]
+    w = torch.tensor([1.0 / (k + 1) ** zipf_s for k in range(projects)])
+    picks = torch.multinomial(w, requests, replacement=True, generator=text.g).tolist()
+    lens = torch.randint(q_len[0], q_len[1] + 1, (requests,), generator=text.g).tolist()
+    reqs = [Request(f"p{p}/q{i}", torch.cat([sys_p, snaps[p], text(n)]), decode_tokens=decode_tokens)
+            for i, (p, n) in enumerate(zip(picks, lens))]
+    return Trace("multi_project_qa", reqs, "system | project snapshot (Zipf popularity) | question")
+
+
+def layout_ablation(requests: int = 8, system: int = 512, tools: int = 1024, docs: int = 4096, dynamic: int = 48,
+                    question: int = 96, vocab: int = 4096, seed: int = 2, decode_tokens: int = 16) -> dict[str, Trace]:
+    """The same content in two orders: cacheable parts first, or dynamic content (a user
+    profile, a timestamp) early. Returns {"cacheable_first": ..., "dynamic_early": ...}."""
+    text = _Text(seed, vocab)
+    sys_p, tool_p, doc_p = text(system), text(tools), text(docs)
+    dyn = [text(dynamic) for _ in range(requests)]
+    qs = [text(question) for _ in range(requests)]
+    first = [Request(f"r{i}", torch.cat([sys_p, tool_p, doc_p, dyn[i], qs[i]]), decode_tokens=decode_tokens)
+             for i in range(requests)]
+    early = [Request(f"r{i}", torch.cat([sys_p, dyn[i], tool_p, doc_p, qs[i]]), decode_tokens=decode_tokens)
+             for i in range(requests)]
+    return {"cacheable_first": Trace("cacheable_first", first, "system | tools | docs | dynamic | question"),
+            "dynamic_early": Trace("dynamic_early", early, "system | dynamic | tools | docs | question")}
+
+
+def perturbations(system: int = 1024, tools: int = 8, tool_len: int = 128, docs: int = 2048, question: int = 64,
+                  header: int = 16, vocab: int = 4096, seed: int = 3, decode_tokens: int = 8) -> dict[str, Trace]:
+    """A base request, then the same request after one small change that breaks the prefix.
+
+    Variants: `system_token` (one token of the system prompt changed, at its middle),
+    `tool_order` (two tool schemas swapped), `timestamp` (a header of `header` tokens that
+    changes per request, placed first). Each trace is [base, variant]; `timestamp`'s base
+    has its own header too.
+    """
+    text = _Text(seed, vocab)
+    sys_p = text(system)
+    tool_list = [text(tool_len) for _ in range(tools)]
+    doc_p, q = text(docs), text(question)
+    base = torch.cat([sys_p, *tool_list, doc_p, q])
+    sys2 = sys_p.clone()
+    sys2[system // 2] = (sys2[system // 2] + 1 - 4) % (vocab - 4) + 4
+    swapped = list(tool_list)
+    swapped[1], swapped[tools - 2] = swapped[tools - 2], swapped[1]
+    h1, h2 = text(header), text(header)
+    mk = lambda name, a, b: Trace(name, [Request("base", a, decode_tokens=decode_tokens),
+                                         Request("variant", b, decode_tokens=decode_tokens)])
+    return {
+        "system_token": mk("system_token", base, torch.cat([sys2, *tool_list, doc_p, q])),
+        "tool_order": mk("tool_order", base, torch.cat([sys_p, *swapped, doc_p, q])),
+        "timestamp": mk("timestamp", torch.cat([h1, base]), torch.cat([h2, base])),
+    }
+
+
+def cold_start(requests: int = 6, shared: int = 4096, private: int = 256, vocab: int = 4096, seed: int = 4,
+               decode_tokens: int = 8) -> tuple[torch.Tensor, Trace]:
+    """A shared prefix (system, tools, docs) that a server can warm up and pin at start-up,
+    and a trace of requests that each extend it. Returns (prefix, trace)."""
+    text = _Text(seed, vocab)
+    prefix = text(shared)
+    reqs = [Request(f"r{i}", torch.cat([prefix, text(private)]), decode_tokens=decode_tokens) for i in range(requests)]
+    return prefix, Trace("cold_start", reqs, "shared prefix | private")
+
+
+# -- replaying --------------------------------------------------------------------------------
+
+@dataclass
+class RequestResult:
+    name: str
+    prompt_tokens: int
+    cached_tokens: int
+    computed_tokens: int
+    ttft_s: float
+    theoretical_hit: int
+
+
+def replay(engine, trace: Trace, decode_tokens: int | None = None) -> list[RequestResult]:
+    """Run each request through `engine`: prefill (with its namespace), decode, finish."""
+    theory = trace.theoretical_hits()
+    out = []
+    for r, th in zip(trace.requests, theory):
+        seq = engine.new_sequence()
+        engine.prefill(seq, r.token_ids, namespace=r.namespace)
+        n = r.decode_tokens if decode_tokens is None else decode_tokens
+        if n:
+            engine.decode(seq, n)
+        st = engine.stats(seq)
+        out.append(RequestResult(r.name, st.prompt_tokens, st.cached_tokens, st.computed_tokens, st.ttft_s, th))
+        engine.finish(seq)
+    return out
+
+
+@dataclass
+class SimResult:
+    block_size: int
+    num_blocks: int
+    policy: str
+    hit_tokens: list[int] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    evictions: int = 0
+    seconds: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return sum(self.hit_tokens) / sum(self.prompt_tokens)
+
+
+def simulate(trace: Trace, block_size: int = 16, num_blocks: int = 4096, policy: str = "lru", seed: int = 0,
+             pin: torch.Tensor | None = None) -> SimResult:
+    """Replay `trace` through a block store and prefix cache without a model.
+
+    Slots are reserved but no K/V is written, so it measures what the cache would hit, fast.
+    Generated tokens are random ids (they enter the cache with the sequence, as real ones
+    would). `pin`: a prefix to cache and pin before the first request.
+    """
+    store = BlockStore(StoreConfig(num_layers=1, num_kv_heads=1, head_dim=1, block_size=block_size,
+                                   num_blocks=num_blocks, repr_keys=0))
+    cache = PrefixCache(store, policy=policy)
+    g = torch.Generator().manual_seed(seed)
+    res = SimResult(block_size, num_blocks, policy)
+    t0 = time.perf_counter()
+    if pin is not None:
+        seq = store.new_sequence()
+        store.reserve(seq, len(pin))
+        cache.insert(seq, pin)
+        store.free(seq)
+        cache.pin("warmup", pin)
+    for r in trace.requests:
+        seq = store.new_sequence()
+        hit = cache.attach(seq, r.token_ids, r.namespace)
+        store.reserve(seq, len(r.token_ids) - hit + r.decode_tokens)
+        gen = torch.randint(4, 1 << 20, (r.decode_tokens,), generator=g)
+        cache.insert(seq, torch.cat([r.token_ids, gen]), r.namespace)
+        store.free(seq)
+        res.hit_tokens.append(hit)
+        res.prompt_tokens.append(len(r.token_ids))
+    res.evictions = cache.stats.evictions
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _lcp(a: torch.Tensor, b: torch.Tensor) -> int:
+    n = min(len(a), len(b))
+    diff = torch.nonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n

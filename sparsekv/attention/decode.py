@@ -1,0 +1,338 @@
+"""Decode and chunked-prefill attention over a `BlockStore`, with a backend dispatcher.
+
+Backends (forced with `backend=`, chosen by `"auto"` otherwise):
+    "reference"  plain torch, one kv head at a time: the readable definition.
+    "torch"      the vectorised CPU/GPU fast path: one indexed read per selected tile, GQA
+                 groups share each K/V read, float32 softmax.
+    "triton"     the paged split-K kernel of `sparsekv.kernels` (CUDA, or TRITON_INTERPRET=1).
+"auto" picks "triton" for CUDA tensors or under the interpreter, else "torch" (see dispatch.py).
+
+Shapes (H = num_kv_heads, G = query heads per kv head, Hq = H * G, D = head_dim):
+    q       [Hq, D]        any float dtype; query head h reads kv head h // G
+    blocks  [H, K] int64   logical block indices per kv head, padded with -1
+    out     [Hq, D]        q.dtype
+    lse     [Hq]           float32 natural-log sum of exp(q.k / sqrt(D)) over the tokens read
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..core.checks import check_choice, check_int, check_tensor
+from ..core.backend import BACKENDS, resolve
+from ..storage.store import BlockStore, Sequence
+from ..core.traffic import StepTraffic, attention_traffic
+
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """What a sparse decode step computed besides its output."""
+
+    lse: torch.Tensor        # [Hq] float32 log-sum-exp over the tokens read
+    blocks_read: int         # selected (kv head, block) tiles
+    traffic: StepTraffic     # bytes the step read
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.traffic.kv_bytes
+
+    @property
+    def meta_bytes(self) -> int:
+        return self.traffic.meta_bytes
+
+
+# -- public entry points --------------------------------------------------------------------
+
+def dense_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
+                    backend: str = "auto") -> torch.Tensor:
+    """Exact decode attention of one new token over every cached token of `seq` in `layer`."""
+    _check_decode_args(q, store, seq, layer)
+    backend = resolve(backend, q)
+    if backend == "torch":
+        return _dense_torch(q, store, seq, layer)[0]
+    return _IMPLS[backend](q, store, seq, layer, all_blocks(store, seq))[0]
+
+
+def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
+                     blocks: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, AttentionResult]:
+    """Decode attention over the selected logical blocks only.
+
+    With every block selected it equals `dense_attention` to rounding. Returns the output
+    `[Hq, D]` and an `AttentionResult` with the log-sum-exp and the bytes read.
+    """
+    _check_decode_args(q, store, seq, layer)
+    _check_blocks(blocks, store, seq)
+    fn = _resolve(backend, q)
+    out, lse = fn(q, store, seq, layer, blocks)
+    c = store.config
+    traffic = attention_traffic(blocks, seq.num_tokens, c.block_size, c.head_dim, c.itemsize, q.shape[0])
+    return out, AttentionResult(lse, int((blocks >= 0).sum()), traffic)
+
+
+def batch_attention(q: torch.Tensor, store: BlockStore, seqs: list[Sequence], layer: int,
+                    blocks: list[torch.Tensor] | None = None, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention for B sequences of different lengths in one call.
+
+    q: [B, Hq, D]; seqs: B live sequences; blocks: None (dense) or B selections [H, K_b].
+    Returns out [B, Hq, D] (q.dtype) and lse [B, Hq] (float32). With `backend="torch"` the
+    sparse case gathers every sequence's tiles with one indexed read and runs one batched
+    product over all B * H groups; the dense case reads each sequence in place.
+    """
+    if not isinstance(seqs, (list, tuple)) or not seqs:
+        raise TypeError("seqs must be a non-empty list of Sequence")
+    check_tensor("q", q, (len(seqs), None, store.config.head_dim), device=store.config.device, finite=True)
+    if blocks is not None and len(blocks) != len(seqs):
+        raise ValueError(f"blocks must hold one selection per sequence ({len(seqs)}), got {len(blocks)}")
+    for b, seq in enumerate(seqs):
+        _check_decode_args(q[b], store, seq, layer)
+        if blocks is not None:
+            _check_blocks(blocks[b], store, seq)
+    backend = resolve(backend, q)
+    if backend == "triton":
+        return _batch_triton(q, store, seqs, layer, blocks)
+    if blocks is None:
+        pairs = [(_sparse_reference(q[b], store, s, layer, all_blocks(store, s)) if backend == "reference"
+                  else _dense_torch(q[b], store, s, layer)) for b, s in enumerate(seqs)]
+    elif backend == "reference":
+        pairs = [_sparse_reference(q[b], store, s, layer, blocks[b]) for b, s in enumerate(seqs)]
+    else:
+        return _sparse_torch_batch(q, store, seqs, layer, blocks)
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+def all_blocks(store: BlockStore, seq: Sequence) -> torch.Tensor:
+    """The selection of every logical block for every kv head: [H, num_blocks]."""
+    H = store.config.num_kv_heads
+    return torch.arange(seq.num_blocks, device=store.config.device).expand(H, -1).contiguous()
+
+
+def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
+                      backend: str = "auto") -> torch.Tensor:
+    """Causal attention of the last T tokens of `seq` over the cached prefix plus themselves.
+
+    q: [T, Hq, D], the queries of tokens [num_tokens - T, num_tokens), whose K/V are already
+    written. Returns [T, Hq, D] in q.dtype. "reference" computes the full score matrix in
+    float32 (float64 if q is float64); "torch" (the default) runs SDPA with GQA and the
+    causal offset of the cached prefix, so it never forms the [Hq, T, N] scores on the CPU's
+    flash path.
+    """
+    check_choice("backend", backend, BACKENDS)
+    if backend == "triton":
+        raise ValueError("backend 'triton' has no prefill kernel yet; use 'auto', 'torch' or 'reference'")
+    if backend != "reference" and q.dtype != torch.float64:
+        return _prefill_sdpa(q, store, seq, layer)
+    return _prefill_reference(q, store, seq, layer)
+
+
+def _prefill_sdpa(q, store, seq, layer):
+    c = store.config
+    _check_prefill_args(q, store, seq, layer)
+    T, Hq, D = q.shape
+    N = seq.num_tokens
+    k, v = store.gather(seq, layer)                                       # [N, H, D]
+    cd = torch.float32 if q.dtype == torch.float32 else q.dtype
+    qh = q.to(cd).permute(1, 0, 2)[None]                                  # [1, Hq, T, D]
+    kh, vh = k.to(cd).permute(1, 0, 2)[None], v.to(cd).permute(1, 0, 2)[None]
+    if T == N:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+    else:
+        mask = torch.arange(N, device=q.device)[None, :] <= torch.arange(N - T, N, device=q.device)[:, None]
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+    return out[0].permute(1, 0, 2).to(q.dtype)
+
+
+def _check_prefill_args(q, store, seq, layer):
+    c = store.config
+    store.check_seq(seq)
+    check_int("layer", layer, lo=0, hi=c.num_layers - 1)
+    check_tensor("q", q, (None, None, c.head_dim), device=c.device, finite=True)
+    T, Hq, D = q.shape
+    if Hq % c.num_kv_heads:
+        raise ValueError(f"q must have a multiple of num_kv_heads={c.num_kv_heads} heads, got {Hq}")
+    if not 1 <= T <= seq.num_tokens:
+        raise ValueError(f"q must hold between 1 and seq.num_tokens={seq.num_tokens} queries, got {T}")
+
+
+def _prefill_reference(q, store, seq, layer):
+    """The definition: full causal score matrix over the prefix plus the new tokens."""
+    c = store.config
+    _check_prefill_args(q, store, seq, layer)
+    T, Hq, D = q.shape
+    G, N = Hq // c.num_kv_heads, seq.num_tokens
+    k, v = store.gather(seq, layer)                                       # [N, H, D]
+    cd = _compute_dtype(q)
+    qh = q.to(cd).view(T, c.num_kv_heads, G, D).permute(1, 2, 0, 3)       # [H, G, T, D]
+    s = qh @ k.to(cd).permute(1, 2, 0)[:, None] / math.sqrt(D)           # [H, G, T, N]
+    qpos = torch.arange(N - T, N, device=c.device)[:, None]
+    s = s.masked_fill(torch.arange(N, device=c.device)[None, :] > qpos, -torch.inf)
+    out = s.softmax(-1) @ v.to(cd).permute(1, 0, 2)[:, None]             # [H, G, T, D]
+    return out.permute(2, 0, 1, 3).reshape(T, Hq, D).to(q.dtype)
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+def _check_decode_args(q, store, seq, layer) -> None:
+    if not isinstance(store, BlockStore):
+        raise TypeError(f"store must be a BlockStore, got {type(store).__name__}")
+    store.check_decode_query(q, seq, layer)
+
+
+def _check_blocks(blocks, store, seq) -> None:
+    H = store.config.num_kv_heads
+    check_tensor("blocks", blocks, (H, None), dtype=torch.long, device=store.config.device)
+    if blocks.numel() == 0:
+        raise ValueError("blocks must select at least one block per kv head, got K = 0")
+    if int(blocks.min()) < -1 or int(blocks.max()) >= seq.num_blocks:
+        raise ValueError(f"blocks must hold logical indices in [0, {seq.num_blocks}) or -1 padding, "
+                         f"got values in [{int(blocks.min())}, {int(blocks.max())}]")
+    if bool((blocks < 0).all(dim=1).any()):
+        raise ValueError("blocks must select at least one block for every kv head (a row is all -1)")
+    srt = blocks.sort(dim=1).values
+    if bool(((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any()):
+        raise ValueError("blocks must not select the same block twice for one kv head")
+
+
+# -- backends -------------------------------------------------------------------------------
+
+def _compute_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _sparse_reference(q, store, seq, layer, blocks):
+    """One kv head at a time: gather the selected rows, softmax, weighted sum."""
+    c = store.config
+    H, D = c.num_kv_heads, c.head_dim
+    G, cd = q.shape[0] // H, _compute_dtype(q)
+    table = seq.block_ids
+    outs, lses = [], []
+    for h in range(H):
+        ks, vs = [], []
+        for j in blocks[h].tolist():
+            if j < 0:
+                continue
+            n = min(c.block_size, seq.num_tokens - j * c.block_size)   # valid rows of block j
+            ks.append(store.k[layer, table[j], h, :n])
+            vs.append(store.v[layer, table[j], h, :n])
+        k, v = torch.cat(ks).to(cd), torch.cat(vs).to(cd)                 # [n_sel, D]
+        s = q[h * G:(h + 1) * G].to(cd) @ k.T / math.sqrt(D)              # [G, n_sel]
+        lses.append(torch.logsumexp(s, -1))
+        outs.append(s.softmax(-1) @ v)
+    return torch.cat(outs).to(q.dtype), torch.cat(lses).float()
+
+
+def _sparse_torch(q, store, seq, layer, blocks):
+    """One sequence through the batched fast path (one indexed read, GQA groups share each tile)."""
+    out, lse = _sparse_torch_batch(q[None], store, [seq], layer, [blocks])
+    return out[0], lse[0]
+
+
+def _sparse_torch_batch(q, store, seqs, layer, blocks):
+    """All sequences' selected tiles in one index_select, one bmm over B * H groups."""
+    c = store.config
+    B, H, D, bs = len(seqs), c.num_kv_heads, c.head_dim, c.block_size
+    G, cd = q.shape[1] // H, _compute_dtype(q)
+    K = max(b.shape[1] for b in blocks)
+    sel = torch.full((B, H, K), -1, dtype=torch.long, device=q.device)
+    phys = torch.zeros((B, H, K), dtype=torch.long, device=q.device)
+    ntok = torch.tensor([s.num_tokens for s in seqs], device=q.device)
+    for b, (seq, blk) in enumerate(zip(seqs, blocks)):                      # per sequence, not per block
+        sel[b, :, :blk.shape[1]] = blk
+        phys[b] = store.block_table(seq)[sel[b].clamp(min=0)]
+    rows = (phys + torch.arange(H, device=q.device)[None, :, None] * c.num_blocks).view(-1)
+    ws = store.workspace
+    kt = torch.index_select(_rows_view(store.k, layer, c), 0, rows, out=ws.take("k", (B * H * K, bs, D), c.dtype))
+    vt = torch.index_select(_rows_view(store.v, layer, c), 0, rows, out=ws.take("v", (B * H * K, bs, D), c.dtype))
+    kt, vt = kt.view(B * H, K * bs, D), vt.view(B * H, K * bs, D)
+    pos = sel.clamp(min=0)[..., None] * bs + torch.arange(bs, device=q.device)      # [B, H, K, bs]
+    ok = ((pos < ntok[:, None, None, None]) & (sel[..., None] >= 0)).view(B * H, 1, K * bs)
+    qg = q.reshape(B * H, G, D).to(cd)
+    s = torch.bmm(qg, kt.to(cd).transpose(1, 2)).mul_(1.0 / math.sqrt(D)).masked_fill_(~ok, -torch.inf)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    out = torch.bmm(s.sub_(lse).exp_(), vt.to(cd))
+    return out.view(B, H * G, D).to(q.dtype), lse.view(B, H * G).float()
+
+
+def _rows_view(t: torch.Tensor, layer: int, c) -> torch.Tensor:
+    """A head-major K or V layer as [H * NB, bs, D] (a view: no copy)."""
+    return t[layer].transpose(0, 1).reshape(-1, c.block_size, c.head_dim)
+
+
+CONVERT_CHUNK_BYTES = 4 << 20   # float32 scratch per piece when storage is not float32
+
+
+def _pieces(runs, convert: bool, H: int, bs: int, D: int):
+    """Runs as they are for float32 storage; otherwise split so each converted piece fits
+    CONVERT_CHUNK_BYTES, so bf16/fp16 decode never converts the whole cache at once."""
+    if not convert:
+        yield from runs
+        return
+    step = max(1, CONVERT_CHUNK_BYTES // (H * bs * D * 4))
+    for first, p0, n in runs:
+        for i in range(0, n, step):
+            yield first + i, p0 + i, min(step, n - i)
+
+
+def _dense_torch(q, store, seq, layer):
+    """Dense decode without copying the cache: one bmm per run of consecutive physical blocks.
+
+    Per run, K and V of every kv head are contiguous [n * bs, D] matrices (head-major
+    layout), so the products read the cache in place. Runs are merged with their
+    log-sum-exp (flash-decoding's split merge); the partial last block is masked.
+    """
+    c = store.config
+    H, D, bs, N = c.num_kv_heads, c.head_dim, c.block_size, seq.num_tokens
+    G, cd = q.shape[0] // H, _compute_dtype(q)
+    qg = q.view(H, G, D).to(cd)
+    kh, vh = store.k[layer].transpose(0, 1), store.v[layer].transpose(0, 1)   # [H, NB, bs, D] views
+    outs, lses = [], []
+    for first, p0, n in _pieces(store.physical_runs(seq), convert=c.dtype != cd, H=H, bs=bs, D=D):
+        k = kh[:, p0:p0 + n].reshape(H, n * bs, D)                        # views: contiguous per head
+        v = vh[:, p0:p0 + n].reshape(H, n * bs, D)
+        valid = min(n * bs, N - first * bs)                                # only the last run is partial
+        k, v = k[:, :valid], v[:, :valid]
+        s = torch.bmm(qg, k.to(cd).transpose(1, 2), out=store.workspace.take("s", (H, G, valid), cd))
+        s.mul_(1.0 / math.sqrt(D))
+        lse = torch.logsumexp(s, -1, keepdim=True)                         # [H, G, 1]
+        outs.append(torch.bmm(s.sub_(lse).exp_(), v.to(cd)))               # [H, G, D]
+        lses.append(lse)
+    if len(outs) == 1:
+        out, lse = outs[0], lses[0]
+    else:
+        L = torch.stack(lses)                                              # [R, H, G, 1]
+        lse = torch.logsumexp(L, 0)
+        out = ((L - lse).exp() * torch.stack(outs)).sum(0)
+    return out.view(H * G, D).to(q.dtype), lse.view(H * G).float()
+
+
+def _sparse_triton(q, store, seq, layer, blocks):
+    out, lse = _batch_triton(q[None], store, [seq], layer, [blocks])
+    return out[0], lse[0]
+
+
+def _batch_triton(q, store, seqs, layer, blocks, poison: bool = False):
+    """Pack block tables and selections for the paged split-K kernel and launch it."""
+    from ..kernels.paged_decode import paged_decode
+    dev, H = q.device, store.config.num_kv_heads
+    width = max(s.num_blocks for s in seqs)
+    tables = torch.zeros(len(seqs), width, dtype=torch.int32, device=dev)
+    for b, s in enumerate(seqs):
+        tables[b, :s.num_blocks] = store.block_table(s)
+    sel = [all_blocks(store, s) for s in seqs] if blocks is None else blocks
+    K = max(x.shape[1] for x in sel)
+    selection = torch.full((len(seqs), H, K), -1, dtype=torch.int32, device=dev)
+    for b, x in enumerate(sel):
+        selection[b, :, :x.shape[1]] = x
+    lens = torch.tensor([s.num_tokens for s in seqs], dtype=torch.int32, device=dev)
+    return paged_decode(q, store.k[layer], store.v[layer], tables, lens, selection, poison=poison)
+
+
+_IMPLS: dict[str, Callable] = {"reference": _sparse_reference, "torch": _sparse_torch, "triton": _sparse_triton}
+
+
+def _resolve(backend: str, q: torch.Tensor) -> Callable:
+    return _IMPLS[resolve(backend, q)]

@@ -1,0 +1,104 @@
+"""Traffic accounting: the bytes one decode step must read, by kind.
+
+The model is that of a kernel that reads each selected K/V row once (masked rows of a
+partial block are not read), the block-table entries it maps through, the selection
+indices, the per-block summaries a router scores, and the query/output vectors.
+Indices are counted at `INDEX_BYTES` (int32, as GPU kernels store them).
+
+All figures are per layer and per sequence; multiply by layers for a whole step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+INDEX_BYTES = 4
+
+
+@dataclass(frozen=True)
+class StepTraffic:
+    """Bytes read by one decode step of one layer."""
+
+    kv_bytes: int = 0        # K and V rows read
+    summary_bytes: int = 0   # per-block summaries read to score blocks
+    index_bytes: int = 0     # block-table entries and selection indices
+    qo_bytes: int = 0        # query read and output written
+
+    @property
+    def meta_bytes(self) -> int:
+        """Everything that is not K/V: summaries plus indices."""
+        return self.summary_bytes + self.index_bytes
+
+    @property
+    def total(self) -> int:
+        return self.kv_bytes + self.summary_bytes + self.index_bytes + self.qo_bytes
+
+    def __add__(self, other: "StepTraffic") -> "StepTraffic":
+        return StepTraffic(self.kv_bytes + other.kv_bytes, self.summary_bytes + other.summary_bytes,
+                           self.index_bytes + other.index_bytes, self.qo_bytes + other.qo_bytes)
+
+
+def _selection_counts(blocks: torch.Tensor, num_tokens: int, block_size: int) -> tuple[int, int]:
+    """(valid tokens covered, blocks picked) by a selection [num_kv_heads, K], summed over heads,
+    read back from the device in one transfer."""
+    valid = blocks >= 0
+    last = (num_tokens - 1) // block_size
+    partial = num_tokens - last * block_size
+    counts = torch.stack([(valid & (blocks != last)).sum(), (blocks == last).sum(), valid.sum()]).tolist()
+    full_hits, last_hits, picked = counts
+    return full_hits * block_size + last_hits * partial, picked
+
+
+def valid_tokens_selected(blocks: torch.Tensor, num_tokens: int, block_size: int) -> int:
+    """Valid tokens covered by a selection `blocks` ([num_kv_heads, K], -1 padded), summed over heads."""
+    return _selection_counts(blocks, num_tokens, block_size)[0]
+
+
+def attention_traffic(blocks: torch.Tensor, num_tokens: int, block_size: int, head_dim: int,
+                      itemsize: int, num_q_heads: int) -> StepTraffic:
+    """Bytes that attention over the selection `blocks` reads (no scoring). One host read."""
+    rows, picked = _selection_counts(blocks, num_tokens, block_size)
+    return StepTraffic(
+        kv_bytes=2 * rows * head_dim * itemsize,
+        index_bytes=2 * picked * INDEX_BYTES,      # a selection index and a table entry each
+        qo_bytes=2 * num_q_heads * head_dim * itemsize,
+    )
+
+
+def dense_traffic(num_tokens: int, num_kv_heads: int, block_size: int, head_dim: int,
+                  itemsize: int, num_q_heads: int) -> StepTraffic:
+    """Bytes dense decode reads: every K/V row, plus one table entry per block."""
+    nb = -(-num_tokens // block_size)
+    return StepTraffic(
+        kv_bytes=2 * num_tokens * num_kv_heads * head_dim * itemsize,
+        index_bytes=nb * INDEX_BYTES,
+        qo_bytes=2 * num_q_heads * head_dim * itemsize,
+    )
+
+
+def summary_traffic(num_scored_tiles: int, vectors_per_tile: int, head_dim: int, itemsize: int) -> StepTraffic:
+    """Bytes a scorer reads: `vectors_per_tile` summary vectors for each scored (kv head, block)."""
+    return StepTraffic(summary_bytes=num_scored_tiles * vectors_per_tile * head_dim * itemsize)
+
+
+def routed_traffic(num_tokens: int, budget_tokens: int, num_kv_heads: int, block_size: int, head_dim: int,
+                   itemsize: int, num_q_heads: int, summary_vectors: int) -> StepTraffic:
+    """Bytes of one routed decode step of one layer under a token budget, before any selection is made.
+
+    K blocks per kv head (K = budget // block_size, at least the sink and the local block), the
+    K/V rows they hold, `summary_vectors` head_dim vectors per (kv head, block) scored, the block
+    table, a selection index and a table entry per picked tile, and q and o. This is the formula the
+    notebooks' traffic figures and the benchmarks use; `attention_traffic` is its measured
+    counterpart for an actual selection.
+    """
+    nb = -(-num_tokens // block_size)
+    k = min(nb, max(2, budget_tokens // block_size))
+    partial = num_tokens - (nb - 1) * block_size                # rows of the last block, always selected
+    rows = (k - 1) * block_size + partial
+    return StepTraffic(
+        kv_bytes=2 * rows * num_kv_heads * head_dim * itemsize,
+        summary_bytes=nb * num_kv_heads * summary_vectors * head_dim * itemsize,
+        index_bytes=(nb + 2 * k * num_kv_heads) * INDEX_BYTES,
+        qo_bytes=2 * num_q_heads * head_dim * itemsize,
+    )

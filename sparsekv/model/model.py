@@ -1,0 +1,409 @@
+"""A compact Llama-family decoder whose attention reads and writes only through a `BlockStore`.
+
+RMSNorm, rotary embeddings (HF's rotate-half convention, with "default" and "llama3"
+frequency rules), GQA attention with optional q/k/v bias (Qwen2), and a SwiGLU MLP. Module
+names follow Hugging Face's (`layers.{i}.self_attn.q_proj`, `mlp.gate_proj`, ...), so a
+checkpoint's tensors load by name after dropping the `model.` prefix.
+
+The model does not own a cache. `forward(tokens, positions, res, attend)` writes each
+layer's K/V into the slots of `res` (a `Reservation` from `store.reserve`) and calls
+`attend(layer, q)` for attention; the engine decides whether that is chunked prefill,
+dense decode or routed sparse decode.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..storage.store import BlockStore, Reservation
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 4096
+    dim: int = 512                  # residual width
+    n_layers: int = 4
+    n_heads: int = 8                # query heads
+    n_kv_heads: int = 2             # kv heads (GQA); n_heads is a multiple of it
+    head_dim: int = 0               # 0: dim // n_heads
+    intermediate_size: int = 1408   # SwiGLU hidden width
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None   # None (default rule) or HF's {"rope_type": "llama3", ...}
+    attention_bias: bool = False    # q/k/v projection bias (Qwen2)
+    tie_embeddings: bool = False    # lm_head shares the embedding matrix
+    max_seq_len: int = 131072       # rotary table length
+    positions: str = "rope"         # "rope" or "none" (NoPE: no positional signal in attention)
+    mixers: tuple = ()              # per layer "attn", "conv" (short causal conv) or "linear"; () = all attn
+    conv_kernel: int = 3            # taps of the "conv" mixer
+    name: str = "custom"
+
+    def __post_init__(self):
+        if self.head_dim == 0:
+            self.head_dim = self.dim // self.n_heads
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        self.mixers = tuple(self.mixers) or ("attn",) * self.n_layers
+        if len(self.mixers) != self.n_layers or not set(self.mixers) <= {"attn", "conv", "linear"}:
+            raise ValueError(f"mixers must list n_layers={self.n_layers} of 'attn', 'conv', 'linear'; got {self.mixers}")
+        if self.positions not in ("rope", "none"):
+            raise ValueError(f"positions must be 'rope' or 'none', got {self.positions!r}")
+
+    @property
+    def attn_layers(self) -> list[int]:
+        """Model layers whose K/V live in the block store (in store-layer order)."""
+        return [i for i, m in enumerate(self.mixers) if m == "attn"]
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "ModelConfig":
+        if name not in PRESETS:
+            raise ValueError(f"name must be one of {sorted(PRESETS)}, got {name!r}")
+        return replace(PRESETS[name], **overrides)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Tests: a few milliseconds a step.
+    "tiny": ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=128,
+                        max_seq_len=4096, name="tiny"),
+    # Timing on a 2-core CPU: ~15M parameters, so long-context attention is visible against the weights.
+    "cpu-timing": ModelConfig(vocab_size=4096, dim=512, n_layers=4, n_heads=8, n_kv_heads=2, intermediate_size=1408,
+                              max_seq_len=131072, name="cpu-timing"),
+    # Recall models (trained by `python -m sparsekv train`): a short causal conv, then attention
+    # with no positions (NoPE), as in Zoology's MQAR recipe; the linear baseline swaps attention
+    # for causal linear attention at the same width and depth.
+    "recall": ModelConfig(vocab_size=1024, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=256,
+                          positions="none", mixers=("conv", "attn"), max_seq_len=65536, name="recall"),
+    "recall-linear": ModelConfig(vocab_size=1024, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=256,
+                                 positions="none", mixers=("conv", "linear"), max_seq_len=65536, name="recall-linear"),
+    # Multi-hop: two attention layers (one lookup each), 64-dim heads (2 query heads share 1 kv head).
+    "recall-hops": ModelConfig(vocab_size=1024, dim=128, n_layers=3, n_heads=2, n_kv_heads=1, intermediate_size=256,
+                               positions="none", mixers=("conv", "attn", "attn"), max_seq_len=65536,
+                               name="recall-hops"),
+    # The shape of Llama-3.2-1B (for loading and for traffic models; too slow to prefill long prompts here).
+    "llama-1b": ModelConfig(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, intermediate_size=8192,
+                            rope_theta=500000.0, tie_embeddings=True, name="llama-1b",
+                            rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+}
+
+
+def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2] (float32), with HF's llama3 rule when configured."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "llama3":
+        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+        inv = torch.where(medium, smoothed, scaled)
+    elif kind != "default":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (default, llama3)")
+    return inv.float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., T, heads, D]; cos/sin [T, D]. HF's rotate-half convention."""
+    h = x.shape[-1] // 2
+    rot = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def _add_projections(mod: nn.Module, cfg: ModelConfig) -> None:
+    """q/k/v/o projections with HF's names (shared by softmax and linear attention)."""
+    D = cfg.head_dim
+    mod.q_proj = nn.Linear(cfg.dim, cfg.n_heads * D, bias=cfg.attention_bias)
+    mod.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.attention_bias)
+    mod.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.attention_bias)
+    mod.o_proj = nn.Linear(cfg.n_heads * D, cfg.dim, bias=False)
+
+
+@dataclass
+class StepContext:
+    """What a mixer's store-backed `step` sees besides its input (one forward of one sequence)."""
+
+    cos: torch.Tensor                 # [T, D] rotary tables of the chunk's positions
+    sin: torch.Tensor
+    store: BlockStore | None = None
+    res: Reservation | None = None    # the chunk's reserved slots
+    attend: Callable | None = None    # attend(store layer, q) -> [T, Hq, D]
+    store_layer: int = -1             # this attention layer's index in the store
+
+
+class Mixer(nn.Module):
+    """A token mixer behind one interface, registered in `MIXERS` by `kind`:
+
+        initial_state(dtype)   per-sequence recurrent state (None for attention: the store holds it)
+        step(h, state, ctx)    -> (y, new state): the store-backed forward of a chunk h [T, dim]
+        batch(h, cos, sin)     -> y: the cache-free forward of h [B, T, dim], for training
+    """
+
+    kind = ""
+
+    def initial_state(self, dtype: torch.dtype):
+        return None
+
+
+class Attention(Mixer):
+    kind = "attn"
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        _add_projections(self, cfg)
+
+    def qkv(self, x, cos, sin):
+        """x [..., T, dim] -> q [..., T, Hq, D], k and v [..., T, H, D], rotary applied to q and k."""
+        c, D = self.cfg, self.cfg.head_dim
+        q = apply_rope(self.q_proj(x).unflatten(-1, (c.n_heads, D)), cos, sin)
+        k = apply_rope(self.k_proj(x).unflatten(-1, (c.n_kv_heads, D)), cos, sin)
+        return q, k, self.v_proj(x).unflatten(-1, (c.n_kv_heads, D))
+
+    def step(self, x, state, ctx: StepContext):
+        T = x.shape[0]
+        q, k, v = self.qkv(x, ctx.cos, ctx.sin)                                   # [T, Hq, D], [T, H, D]
+        dt = ctx.store.config.dtype
+        # Decode (T == 1) skips the finiteness read-back: the K/V are this model's own projections.
+        ctx.store.write(ctx.res, ctx.store_layer, k.to(dt), v.to(dt), check_finite=T > 1)
+        o = ctx.attend(ctx.store_layer, q)                                        # [T, Hq, D]
+        return self.o_proj(o.reshape(T, -1).to(x.dtype)), state
+
+    def batch(self, x, cos, sin):
+        B, T = x.shape[:2]
+        q, k, v = self.qkv(x, cos, sin)                                           # [B, T, heads, D]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, enable_gqa=True)
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ShortConv(Mixer):
+    """A short causal convolution mixer: out_proj(conv_k(in_proj(h))), depthwise over time.
+
+    conv_k: y_t = sum_j w_j * u_{t-j} + b over the last `kernel` inputs. The projections let the
+    shifted copy of a token land in its own subspace, apart from the residual stream; without
+    them "the previous token was k" and "this token is k" share channels, which slows recall
+    training (measured). The conv starts as a previous-token shift (the induction prior).
+    Decode state: the last kernel - 1 projected inputs ([kernel - 1, dim]), zeros at the start.
+    """
+
+    kind = "conv"
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.kernel = cfg.conv_kernel
+        self.in_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.conv = nn.Conv1d(cfg.dim, cfg.dim, cfg.conv_kernel, groups=cfg.dim)
+        self.out_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        with torch.no_grad():
+            w = 0.02 * torch.randn_like(self.conv.weight)
+            w[:, 0, -2] += 1.0           # taps are [.., u_{t-1}, u_t]: start as a shift by one
+            self.conv.weight.copy_(w)
+            self.conv.bias.zero_()
+
+    def initial_state(self, dtype):
+        return torch.zeros(self.kernel - 1, self.cfg.dim, dtype=dtype)
+
+    def step(self, x, state, ctx):
+        return self.forward_state(x, state)
+
+    def batch(self, x, cos=None, sin=None):
+        return self.forward_batch(x)
+
+    def forward_batch(self, x):                                # x [B, T, dim]
+        u = self.in_proj(x).transpose(1, 2)
+        y = F.conv1d(F.pad(u, (self.kernel - 1, 0)), self.conv.weight, self.conv.bias, groups=u.shape[1])
+        return self.out_proj(y.transpose(1, 2))
+
+    def forward_state(self, x, state):                          # x [T, dim]; state [kernel - 1, dim]
+        full = torch.cat([state, self.in_proj(x)])             # [kernel - 1 + T, dim]
+        y = F.conv1d(full.T[None], self.conv.weight, self.conv.bias, groups=full.shape[-1])[0].T
+        return self.out_proj(y), full[-(self.kernel - 1):].clone()
+
+
+class LinearAttention(Mixer):
+    """Causal linear attention (phi = elu + 1): a fixed-size state instead of a growing cache.
+
+    y_t = phi(q_t) S_t / (phi(q_t) . z_t), with S_t = sum_{s<=t} phi(k_s) v_s^T and z_t = sum phi(k_s).
+    Decode state per query head (the kv heads' phi(k) and v are repeated over each GQA group first,
+    so the group's heads share k and v but keep their own running sums): S [Hq, D, D] and z [Hq, D].
+    Same projections as `Attention`.
+    """
+
+    kind = "linear"
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        _add_projections(self, cfg)
+
+    def initial_state(self, dtype):
+        c = self.cfg
+        return (torch.zeros(c.n_heads, c.head_dim, c.head_dim, dtype=dtype),
+                torch.zeros(c.n_heads, c.head_dim, dtype=dtype))
+
+    def step(self, x, state, ctx):
+        return self.forward_state(x, state)
+
+    def batch(self, x, cos=None, sin=None):
+        return self.forward_batch(x)
+
+    def _qkv(self, x):                                         # x [..., T, dim]
+        c, D = self.cfg, self.cfg.head_dim
+        G = c.n_heads // c.n_kv_heads
+        q = F.elu(self.q_proj(x).unflatten(-1, (c.n_heads, D))) + 1
+        k = F.elu(self.k_proj(x).unflatten(-1, (c.n_kv_heads, D))) + 1
+        v = self.v_proj(x).unflatten(-1, (c.n_kv_heads, D))
+        return q, k.repeat_interleave(G, -2), v.repeat_interleave(G, -2)
+
+    def forward_batch(self, x):                                # quadratic causal form, [B, T, dim]
+        q, k, v = (t.transpose(1, 2) for t in self._qkv(x))    # [B, H, T, D]
+        T = x.shape[1]
+        a = (q @ k.transpose(-1, -2)).tril()                   # [B, H, T, T]
+        y = (a @ v) / a.sum(-1, keepdim=True).clamp_min(1e-6)
+        return self.o_proj(y.transpose(1, 2).flatten(-2))
+
+    def forward_state(self, x, state):                          # x [T, dim]; state (S, z)
+        q, k, v = self._qkv(x)                                 # [T, Hq, D]
+        S, z = state
+        ys = []
+        for t in range(x.shape[0]):                            # recurrent form
+            S = S + k[t, :, :, None] * v[t, :, None, :]
+            z = z + k[t]
+            ys.append((q[t, :, None, :] @ S)[:, 0] / (q[t] * z).sum(-1, keepdim=True).clamp_min(1e-6))
+        return self.o_proj(torch.stack(ys).flatten(-2)), (S, z)
+
+
+MIXERS: dict[str, type[Mixer]] = {cls.kind: cls for cls in (Attention, ShortConv, LinearAttention)}
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x)). The mixer is bound here, once, from
+    `MIXERS` (its attribute keeps HF's name for attention, `self_attn`, so checkpoints load by name)."""
+
+    ATTR = {"attn": "self_attn", "conv": "conv", "linear": "linear_attn"}
+
+    def __init__(self, cfg: ModelConfig, mixer: str = "attn"):
+        super().__init__()
+        self.mixer = mixer
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        setattr(self, self.ATTR.get(mixer, mixer), MIXERS[mixer](cfg))
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    @property
+    def mix(self) -> Mixer:
+        return getattr(self, self.ATTR.get(self.mixer, self.mixer))
+
+
+class Model(nn.Module):
+    """Random-weight (or loaded) decoder. See the module docstring for the cache contract."""
+
+    def __init__(self, config: ModelConfig, seed: int | None = 0):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+        self.config = c = config
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.dim)
+        self.layers = nn.ModuleList(DecoderLayer(c, m) for m in c.mixers)
+        self.store_layer = {layer: j for j, layer in enumerate(c.attn_layers)}   # model layer -> store layer
+        self.norm = RMSNorm(c.dim, c.norm_eps)
+        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        # Init: torch's defaults (Linear ~ U(+-1/sqrt(fan_in)), Embedding ~ N(0, 1)). A GPT-style
+        # N(0, 0.02) makes q.k nearly zero at this width, so attention starts uniform, query/key
+        # gradients nearly cancel, and recall training sits on its plateau (measured: q/k gradients
+        # 100x smaller than v/o).
+        self.register_buffer("inv_freq", rope_frequencies(c), persistent=False)
+        self.eval()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.config.positions == "none":                                        # NoPE: rotation by 0
+            shape = (positions.shape[0], self.config.head_dim)
+            return torch.ones(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]                  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def initial_state(self) -> dict:
+        """Recurrent state of the non-attention mixers for a new sequence (conv taps, linear S/z)."""
+        return {i: st for i, layer in enumerate(self.layers)
+                if (st := layer.mix.initial_state(self.dtype)) is not None}
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, store: BlockStore, res: Reservation,
+                attend: Callable[[int, torch.Tensor], torch.Tensor], last_only: bool = True,
+                state: dict | None = None) -> torch.Tensor:
+        """tokens, positions: [T] int64. Returns logits [T, vocab] (or [1, vocab] if last_only), float32.
+
+        Attention layers write K/V to store layer `store_layer[i]` and call attend(store layer, q);
+        conv and linear layers read and update `state` (from `initial_state`) in place.
+        """
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rotary(positions)
+        ctx = StepContext(cos, sin, store, res, attend)
+        for i, layer in enumerate(self.layers):
+            ctx.store_layer = self.store_layer.get(i, -1)
+            y, new = layer.mix.step(layer.input_layernorm(x), state.get(i) if state else None, ctx)
+            if new is not None:
+                state[i] = new
+            x = x + y
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if last_only:
+            x = x[-1:]
+        return self.lm_head(self.norm(x)).float()
+
+    def train_forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Batched full-sequence forward without a cache, for training: tokens [B, T] -> logits [B, T, vocab].
+
+        Same weights and maths as the store-backed `forward` (tests check they agree).
+        """
+        B, T = tokens.shape
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rotary(torch.arange(T))
+        for layer in self.layers:
+            x = x + layer.mix.batch(layer.input_layernorm(x), cos, sin)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.norm(x))

@@ -1,0 +1,3 @@
+"""Layer 2: query-aware routing: scorers and selectors (registries), the router, and the true block mass
+the oracle ranks by. Imports `storage` and `core`, never attention or above.
+"""

@@ -1,0 +1,201 @@
+"""Block scorers: how a router ranks blocks for one decode query, in a registry.
+
+Each scorer turns a query and the store's per-block summaries (or, for the oracle, the keys
+themselves) into block logits [H, G or 1, nb]; `Router` softmaxes and selects. Scorers are
+registered by name (`register_scorer`), so `Router("name", ...)` picks one up with no other change.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..storage.store import BlockStore, Sequence
+from .mass import block_attention_mass
+
+
+# -- scorers --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScoreInput:
+    """What a scorer sees for one decode step of one layer."""
+
+    q: torch.Tensor          # [H, G, D] float32 query, grouped by kv head
+    store: BlockStore
+    seq: Sequence
+    layer: int
+    table: torch.Tensor      # [nb] physical block ids in logical order
+
+
+class Scorer:
+    """Base class: `logits(inp, backend)` -> [H, G or 1, nb] float32 block logits.
+
+    backend is "reference", "torch" or "triton"; scorers without a kernel (repr, oracle and
+    the query-blind ones) run their torch path under "triton".
+
+    `query_aware` scorers can drive top_p and threshold; `summary_vectors` is how many
+    head_dim vectors per (kv head, block) a scorer reads (for traffic accounting).
+    """
+
+    name = ""
+    query_aware = True
+    summary_vectors = 0
+
+    def logits(self, inp: ScoreInput, backend: str, generator: torch.Generator) -> torch.Tensor:
+        raise NotImplementedError
+
+    def score_bytes(self, store: BlockStore, seq: Sequence) -> int:
+        c = store.config
+        return seq.num_blocks * c.num_kv_heads * self.summary_vectors * c.head_dim * c.itemsize
+
+
+def _summary_logits(q: torch.Tensor, summary: torch.Tensor, inp: ScoreInput) -> torch.Tensor:
+    """q [H, G, D] against a head-major summary [L, NB, H, D]: q . s for the sequence's blocks, [H, G, nb].
+
+    When the sequence holds at least a quarter of the pool, multiply against the whole
+    layer's summaries (one contiguous [NB, D] matrix per kv head, no copy) and keep the
+    sequence's columns; otherwise gather its blocks' summaries first. Either way nothing of
+    size H x nb x D is formed from the pool beyond what a kernel would read.
+    """
+    per_head = summary[inp.layer].transpose(0, 1)                          # [H, NB, D] view
+    if 4 * inp.table.numel() >= per_head.shape[1]:
+        return (q @ per_head.float().transpose(1, 2))[:, :, inp.table]
+    return q @ per_head[:, inp.table].float().transpose(1, 2)
+
+
+def _triton_scores(inp: ScoreInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """minmax and mean logits [H, G, nb] from the block-scoring kernel (one pass for both)."""
+    from ..kernels.block_score import block_scores
+    H, G, D = inp.q.shape
+    s, L = inp.store, inp.layer
+    minmax, mean = block_scores(inp.q.reshape(1, H * G, D), s.kmin[L], s.kmax[L], s.kmean[L],
+                                inp.table[None], torch.tensor([inp.table.numel()], device=inp.q.device))
+    return minmax.view(H, G, -1), mean.view(H, G, -1)
+
+
+class MinMaxScorer(Scorer):
+    """Quest's upper bound on q.k over the block: sum_i max(q_i min_i, q_i max_i).
+
+    Reads the per-block key summaries kmin and kmax (2 vectors per tile). The fast path is
+    two matrix products, q+ @ max + q- @ min, so nothing of size H x nb x D is formed
+    beyond the summaries themselves.
+    """
+
+    name, summary_vectors = "minmax", 2
+
+    def logits(self, inp, backend, generator):
+        q = inp.q
+        if backend == "triton":
+            return _triton_scores(inp)[0]
+        if backend == "reference":   # the definition, elementwise: [H, G, D, nb]
+            kmin = inp.store.kmin[inp.layer][inp.table].float().permute(1, 2, 0)
+            kmax = inp.store.kmax[inp.layer][inp.table].float().permute(1, 2, 0)
+            bound = torch.maximum(q[..., None] * kmin[:, None], q[..., None] * kmax[:, None]).sum(2)
+        else:
+            bound = (_summary_logits(q.clamp(min=0), inp.store.kmax, inp)
+                     + _summary_logits(q.clamp(max=0), inp.store.kmin, inp))
+        return bound / math.sqrt(q.shape[-1])
+
+
+class MeanScorer(Scorer):
+    """MoBA's q . mean-key. Reads the per-block kmean summary (1 vector per tile)."""
+
+    name, summary_vectors = "mean", 1
+
+    def logits(self, inp, backend, generator):
+        if backend == "triton":
+            return _triton_scores(inp)[1]
+        if backend == "reference":
+            kmean = inp.store.kmean[inp.layer][inp.table].float()             # [nb, H, D]
+            return torch.einsum("hgd,nhd->hgn", inp.q, kmean) / math.sqrt(inp.q.shape[-1])
+        return _summary_logits(inp.q, inp.store.kmean, inp) / math.sqrt(inp.q.shape[-1])
+
+
+class ReprScorer(Scorer):
+    """InfLLM-style: max of q.k over the block's representative keys.
+
+    Reads the store's `krepr` summary: per block and kv head, the `repr_keys` keys farthest
+    (L2) from the block mean, chosen at write time (r vectors per tile).
+    """
+
+    name = "repr"
+
+    def score_bytes(self, store, seq):
+        c = store.config
+        return seq.num_blocks * c.num_kv_heads * c.repr_keys * c.head_dim * c.itemsize
+
+    def logits(self, inp, backend, generator):
+        c = inp.store.config
+        if c.repr_keys == 0:
+            raise ValueError("scorer 'repr' needs StoreConfig.repr_keys >= 1, got 0")
+        r = inp.store.krepr[inp.layer][inp.table].float()                  # [nb, H, r, D]
+        nb, H = r.shape[:2]
+        keys = r.permute(1, 0, 2, 3).reshape(H, nb * c.repr_keys, c.head_dim)
+        s = (inp.q @ keys.transpose(1, 2)).view(H, inp.q.shape[1], nb, c.repr_keys)
+        return s.amax(-1) / math.sqrt(c.head_dim)
+
+
+class OracleScorer(Scorer):
+    """The true softmax attention mass of each block, computed densely from the keys.
+
+    Logits are log(mass), so the block softmax reproduces the mass exactly. It reads all of
+    K and is the upper bound every other scorer is compared with.
+    """
+
+    name = "oracle"
+
+    def score_bytes(self, store, seq):
+        c = store.config
+        return seq.num_tokens * c.num_kv_heads * c.head_dim * c.itemsize
+
+    def logits(self, inp, backend, generator):
+        H, G, D = inp.q.shape
+        mass = block_attention_mass(inp.q.reshape(H * G, D), inp.store, inp.seq, inp.layer)
+        return mass.view(H, G, -1).log()
+
+
+class RecencyScorer(Scorer):
+    """Query-blind (StreamingLLM-style with the sinks): later blocks score higher. Reads nothing."""
+
+    name, query_aware = "recency", False
+
+    def logits(self, inp, backend, generator):
+        nb = inp.table.numel()
+        return torch.arange(nb, dtype=torch.float32).expand(inp.q.shape[0], 1, nb)
+
+
+class RandomScorer(Scorer):
+    """Query-blind: uniform random scores per kv head, from the router's seeded generator."""
+
+    name, query_aware = "random", False
+
+    def logits(self, inp, backend, generator):
+        return torch.rand(inp.q.shape[0], 1, inp.table.numel(), generator=generator)
+
+
+SCORERS: dict[str, type[Scorer]] = {}
+
+
+def register_scorer(cls: type[Scorer]) -> type[Scorer]:
+    """Add a scorer class to the registry under `cls.name`; `Router(name, ...)` can then use it.
+
+    A new scorer is one subclass of `Scorer` (its `logits`, and `summary_vectors` or
+    `score_bytes` for the byte model) and this call; selection, attention and the sweeps need
+    nothing else.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Scorer)):
+        raise TypeError(f"a scorer must be a Scorer subclass, got {cls!r}")
+    if not cls.name or not isinstance(cls.name, str):
+        raise ValueError(f"a scorer needs a non-empty str name, got {cls.name!r}")
+    if cls.name in SCORERS and SCORERS[cls.name] is not cls:
+        raise ValueError(f"scorer {cls.name!r} is already registered")
+    SCORERS[cls.name] = cls
+    return cls
+
+
+for _cls in (MinMaxScorer, MeanScorer, ReprScorer, OracleScorer, RecencyScorer, RandomScorer):
+    register_scorer(_cls)
+ROUTERS = SCORERS       # the name the public API has always used for the scorer registry
+
+

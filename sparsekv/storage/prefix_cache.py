@@ -1,0 +1,322 @@
+"""A prefix cache over the store's physical blocks: full blocks named by a chained SHA-256.
+
+Block identity: block i of a prompt is named
+
+    h_0 = sha256(b"root" | namespace)            (the namespace: model id, adapter, tenant salt)
+    h_i = sha256(h_{i-1} | token ids of block i as int64)
+
+so a hit on block i implies the whole prefix up to it matches, inside the same namespace,
+and a collision would need a SHA-256 collision. Only full blocks are cached; they are
+append-only in the store, so sharing them never needs a copy.
+
+Lifecycle of a cached block: in use (ref count > 0) -> released (ref count 0, kept and
+*evictable*) -> either hit again (back in use) or evicted when an allocation finds no
+free block. The eviction order is the policy (`eviction.py`: lru, lfu, position, or any
+registered one), bound once when the cache is built. Within equal keys, deeper blocks go first
+(a leaf before its parent), because evicting a parent strands its cached descendants.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..core.checks import check_choice
+from .eviction import POLICIES, EvictionPolicy
+from .store import BlockStore, Sequence
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The cached prefix of a prompt: whole blocks, leaving at least one token to compute."""
+
+    num_tokens: int
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Where a prompt's prefix stops matching the cache."""
+
+    matched_blocks: int
+    matched_tokens: int
+    first_miss_block: int | None     # None: every cacheable block matched
+    diff_token: int | None           # prompt index of the first token that differs from the closest cached block
+    candidates: int                  # cached blocks that continue the matched prefix
+    block_size: int
+
+    def __str__(self) -> str:
+        if self.first_miss_block is None:
+            return f"all {self.matched_blocks} cacheable blocks hit ({self.matched_tokens} tokens)"
+        s = (f"{self.matched_blocks} blocks hit ({self.matched_tokens} tokens); block {self.first_miss_block} "
+             f"(tokens {self.first_miss_block * self.block_size}-{(self.first_miss_block + 1) * self.block_size - 1}) misses")
+        if self.diff_token is None:
+            return s + ": nothing cached continues this prefix"
+        return s + f": it first differs from the closest cached block at token {self.diff_token}"
+
+
+@dataclass
+class CacheStats:
+    queries: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    evictions: int = 0
+    recent: deque = field(default_factory=lambda: deque(maxlen=64))   # (hit, prompt) per query
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def recent_hit_rate(self) -> float:
+        p = sum(q for _, q in self.recent)
+        return sum(h for h, _ in self.recent) / p if p else 0.0
+
+
+@dataclass
+class _Meta:
+    digest: bytes
+    parent: bytes
+    namespace: object
+    position: int            # block index in its prefix chain
+    tokens: np.ndarray       # the block's token ids (for explain)
+    hits: int = 0
+    last_access: int = 0
+
+
+class PrefixCache:
+    """Maps chained block hashes to physical blocks of one `BlockStore`.
+
+    Invariants:
+    1. A digest maps to at most one block and a cached block to exactly one digest; the
+       block holds exactly the K/V of the tokens its chain names (blocks are full and never
+       rewritten).
+    2. A cached block is in use (ref count > 0) or evictable (ref count 0); evictable blocks
+       are exactly those the pool counts as evictable, so free + evictable + used == total.
+    3. Allocation takes uncached free blocks first; only then are evictable blocks evicted,
+       in policy order. A block in use, pinned blocks included, is never evicted.
+    4. `match` never returns a block count that covers the prompt's last token.
+    5. An evicted block's digest is forgotten before the block is handed out again.
+    """
+
+    def __init__(self, store: BlockStore, policy: str = "lru", high_watermark: float | None = None,
+                 low_watermark: float | None = None, protect: float = 4.0, window: int = 64):
+        if not isinstance(store, BlockStore):
+            raise TypeError(f"store must be a BlockStore, got {type(store).__name__}")
+        check_choice("policy", policy, POLICIES)
+        if (high_watermark is None) != (low_watermark is None):
+            raise ValueError("set both high_watermark and low_watermark, or neither")
+        if high_watermark is not None and not 0 < low_watermark <= high_watermark <= 1:
+            raise ValueError(f"watermarks must satisfy 0 < low <= high <= 1, got low={low_watermark}, high={high_watermark}")
+        if store.pool.evictor is not None:
+            raise ValueError("store already has a prefix cache")
+        self.store, self.policy, self.protect = store, policy, protect
+        self._policy: EvictionPolicy = POLICIES[policy](protect=protect)          # bound once
+        self.block_size = store.config.block_size
+        self.high, self.low = high_watermark, low_watermark
+        self._by_digest: dict[bytes, int] = {}
+        self._meta: dict[int, _Meta] = {}
+        self._children: dict[bytes, set[int]] = {}
+        self._heap: list[tuple] = []           # (key, -position, tiebreak, block) with lazy deletion
+        self._evictable: dict[int, int] = {}   # block -> stamp of its live heap entry
+        self._pins: dict[str, list[int]] = {}
+        self._clock = itertools.count(1)
+        self._tie = itertools.count()
+        self.stats = CacheStats(recent=deque(maxlen=window))
+        store.pool.evictor = self
+
+    # -- hashing ----------------------------------------------------------------------------
+    @staticmethod
+    def root(namespace=None) -> bytes:
+        return hashlib.sha256(b"root|" + repr(namespace).encode()).digest()
+
+    def block_digests(self, token_ids, namespace=None, max_blocks: int | None = None) -> list[bytes]:
+        """Chained digests of the full blocks of `token_ids` (at most `max_blocks`)."""
+        ids = _as_int64(token_ids)
+        n = len(ids) // self.block_size if max_blocks is None else min(max_blocks, len(ids) // self.block_size)
+        raw = ids[: n * self.block_size].tobytes()
+        step = self.block_size * 8
+        h, out = self.root(namespace), []
+        for i in range(n):
+            h = hashlib.sha256(h + raw[i * step:(i + 1) * step]).digest()
+            out.append(h)
+        return out
+
+    # -- public -----------------------------------------------------------------------------
+    def match(self, token_ids, namespace=None) -> PrefixMatch:
+        """The longest cached prefix of `token_ids`, in whole blocks, leaving >= 1 token to compute."""
+        ids = _as_int64(token_ids)
+        cacheable = (len(ids) - 1) // self.block_size
+        blocks = []
+        h = self.root(namespace)
+        raw, step = ids[: cacheable * self.block_size].tobytes(), self.block_size * 8
+        for i in range(cacheable):                # stops at the first miss: no work past it
+            h = hashlib.sha256(h + raw[i * step:(i + 1) * step]).digest()
+            b = self._by_digest.get(h)
+            if b is None:
+                break
+            blocks.append(b)
+        hit = len(blocks) * self.block_size
+        self.stats.queries += 1
+        self.stats.prompt_tokens += len(ids)
+        self.stats.hit_tokens += hit
+        self.stats.recent.append((hit, len(ids)))
+        return PrefixMatch(hit, blocks)
+
+    def attach(self, seq: Sequence, token_ids, namespace=None) -> int:
+        """Start empty `seq` on the cached prefix of `token_ids`; returns the cached token count."""
+        m = self.match(token_ids, namespace)
+        self.store.attach(seq, m.block_ids)
+        now = next(self._clock)
+        for b in m.block_ids:
+            meta = self._meta[b]
+            meta.hits += 1
+            meta.last_access = now
+        return m.num_tokens
+
+    def insert(self, seq: Sequence, token_ids, namespace=None) -> int:
+        """Register the full blocks of `seq` (whose tokens are `token_ids`); returns blocks newly cached."""
+        self.store.check_seq(seq)
+        ids = _as_int64(token_ids)
+        if len(ids) != seq.num_tokens:
+            raise ValueError(f"token_ids must be the sequence's {seq.num_tokens} tokens, got {len(ids)}")
+        digests = self.block_digests(ids, namespace)
+        parent = self.root(namespace)
+        now, added = next(self._clock), 0
+        for i, (d, b) in enumerate(zip(digests, seq.block_ids)):
+            known = self._by_digest.get(d)
+            if known is None and b not in self._meta:
+                self._by_digest[d] = b
+                self._meta[b] = _Meta(d, parent, namespace, i, ids[i * self.block_size:(i + 1) * self.block_size].copy(),
+                                      last_access=now)
+                self._children.setdefault(parent, set()).add(b)
+                added += 1
+            elif known is not None:
+                self._meta[known].last_access = now
+            parent = d
+        return added
+
+    def pin(self, name: str, token_ids, namespace=None) -> int:
+        """Hold the cached prefix of `token_ids` in use (never evicted) under `name`; returns its blocks."""
+        if name in self._pins:
+            raise ValueError(f"name {name!r} is already pinned; unpin it first")
+        ids = _as_int64(token_ids)
+        blocks = []
+        for d in self.block_digests(ids, namespace):
+            b = self._by_digest.get(d)
+            if b is None:
+                break
+            blocks.append(b)
+        self.store.pool.incref(blocks)
+        self._pins[name] = blocks
+        return len(blocks)
+
+    def unpin(self, name: str) -> None:
+        if name not in self._pins:
+            raise ValueError(f"name {name!r} is not pinned; pinned: {sorted(self._pins)}")
+        self.store.pool.decref(self._pins.pop(name))
+
+    def maintain(self) -> int:
+        """Background eviction: above the high watermark (occupied share of blocks), evict
+        evictable blocks down to the low watermark. Returns blocks evicted."""
+        if self.high is None:
+            return 0
+        pool = self.store.pool
+        occupied = pool.num_blocks - len(pool.free_queue())
+        if occupied <= self.high * pool.num_blocks:
+            return 0
+        n = min(self.num_evictable, occupied - int(self.low * pool.num_blocks))
+        freed = self.evict(n)
+        pool.make_free(freed)
+        return len(freed)
+
+    def explain(self, token_ids, namespace=None) -> Explanation:
+        """Where `token_ids` stops matching: the first missing block and the first differing token."""
+        ids = _as_int64(token_ids)
+        cacheable = (len(ids) - 1) // self.block_size
+        digests = self.block_digests(ids, namespace, max_blocks=cacheable)
+        parent, matched = self.root(namespace), 0
+        for d in digests:
+            if d not in self._by_digest:
+                break
+            parent, matched = d, matched + 1
+        if matched == cacheable:
+            return Explanation(matched, matched * self.block_size, None, None, 0, self.block_size)
+        mine = ids[matched * self.block_size:(matched + 1) * self.block_size]
+        cands = list(self._children.get(parent, ()))
+        diff = None
+        if cands:
+            best = max(len(_common_prefix(self._meta[b].tokens, mine)) for b in cands)
+            diff = matched * self.block_size + best
+        return Explanation(matched, matched * self.block_size, matched, diff, len(cands), self.block_size)
+
+    # -- observability ----------------------------------------------------------------------
+    @property
+    def num_cached(self) -> int:
+        return len(self._meta)
+
+    def occupancy(self) -> dict:
+        """Cached blocks per namespace, blocks per pinned prefix, and pool shares."""
+        per_ns: dict = {}
+        for m in self._meta.values():
+            per_ns[repr(m.namespace)] = per_ns.get(repr(m.namespace), 0) + 1
+        pool = self.store.pool
+        return {"namespaces": per_ns, "pinned": {k: len(v) for k, v in self._pins.items()},
+                "cached": len(self._meta), "evictable": self.num_evictable,
+                "free": len(pool.free_queue()), "used": pool.num_used, "total": pool.num_blocks}
+
+    # -- the pool's evictor protocol ----------------------------------------------------------
+    @property
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    def is_cached(self, block_id: int) -> bool:
+        return block_id in self._meta
+
+    def on_release(self, block_id: int) -> None:
+        m = self._meta[block_id]
+        key = self._policy.key(m)
+        stamp = next(self._tie)
+        self._evictable[block_id] = stamp           # only the entry with this stamp is live
+        heapq.heappush(self._heap, (key, -m.position, stamp, block_id))
+
+    def on_acquire(self, block_id: int) -> None:
+        del self._evictable[block_id]           # its heap entry goes stale and is skipped lazily
+
+    def evict(self, n: int) -> list[int]:
+        out = []
+        while len(out) < n:
+            _, _, stamp, b = heapq.heappop(self._heap)
+            if self._evictable.get(b) != stamp:
+                continue                         # stale: hit (and maybe released) since this entry
+            del self._evictable[b]
+            self._forget(b)
+            out.append(b)
+        self.stats.evictions += len(out)
+        return out
+
+    def _forget(self, block_id: int) -> None:
+        m = self._meta.pop(block_id)
+        del self._by_digest[m.digest]
+        kids = self._children.get(m.parent)
+        if kids is not None:
+            kids.discard(block_id)
+            if not kids:
+                del self._children[m.parent]
+
+
+def _as_int64(token_ids) -> np.ndarray:
+    if isinstance(token_ids, torch.Tensor):
+        return token_ids.detach().cpu().to(torch.int64).numpy().ravel()
+    return np.asarray(token_ids, dtype=np.int64).ravel()
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    n = min(len(a), len(b))
+    diff = np.nonzero(a[:n] != b[:n])[0]
+    return a[: (diff[0] if len(diff) else n)]

@@ -1,0 +1,391 @@
+"""The paged GQA block store: lossless K/V in physical blocks, with per-block key summaries.
+
+Physical layout, per layer (one contiguous slab per (layer, block, kv head)):
+
+    K, V      : [num_layers, num_blocks, num_kv_heads, block_size, head_dim]   config.dtype
+                (stored head-major: `k[l].transpose(0, 1)` is a contiguous
+                [num_kv_heads, num_blocks, block_size, head_dim] tensor per layer)
+    kmin/kmax : [num_layers, num_blocks, num_kv_heads, head_dim]               config.dtype
+    kmean     : [num_layers, num_blocks, num_kv_heads, head_dim]               config.dtype
+                (min/max/mean are stored head-major: `kmax[l].transpose(0, 1)` is a
+                contiguous [num_kv_heads, num_blocks, head_dim] matrix per layer)
+    krepr     : [num_layers, num_blocks, num_kv_heads, repr_keys, head_dim]    config.dtype
+
+A selected block of one kv head is therefore a single `block_size * head_dim` run of
+memory, which is what a gather or a kernel wants to read. The summaries are what the
+routers score against (Quest's min/max bound, MoBA's mean, InfLLM-style representatives);
+they are kept exact on every write, including the partial last block.
+
+Writing is two-phase, as a model writes: `reserve(seq, T)` claims slots for T new tokens
+(allocating and copying-on-write as needed), then `write(reservation, layer, k, v)` fills
+one layer. `append(seq, k, v)` does both for all layers at once.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .block_pool import BlockPool, StoreFullError
+from ..core.checks import check_int, check_tensor
+from ..core.workspace import Workspace
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class StoreConfig:
+    num_layers: int          # transformer layers whose K/V live in the store
+    num_kv_heads: int        # KV heads (GQA groups); query heads are a multiple of this
+    head_dim: int            # channels per head
+    block_size: int = 64     # tokens per physical block; a power of two (kernels tile by it)
+    num_blocks: int = 1024   # physical blocks in the pool, shared by all layers and sequences
+    dtype: torch.dtype | str = torch.float32   # storage dtype of K, V and the summaries
+    device: torch.device | str = "cpu"
+    repr_keys: int = 4       # representative keys kept per block for the `repr` scorer (0: none)
+
+    def __post_init__(self):
+        for name in ("num_layers", "num_kv_heads", "head_dim", "block_size", "num_blocks"):
+            check_int(name, getattr(self, name), lo=1)
+        check_int("repr_keys", self.repr_keys, lo=0)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if isinstance(self.dtype, str):
+            if self.dtype not in _DTYPES:
+                raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+            self.dtype = _DTYPES[self.dtype]
+        if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got {self.dtype!r}")
+        self.device = torch.device(self.device)
+        self.repr_keys = min(self.repr_keys, self.block_size)
+
+    # -- derived sizes (bytes) ----------------------------------------------------------
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes of one K (or V) tile: one block of one kv head in one layer."""
+        return self.block_size * self.head_dim * self.itemsize
+
+    @property
+    def summary_bytes_per_tile(self) -> int:
+        """Bytes of the min, max and mean summaries of one tile (what minmax+mean read)."""
+        return 3 * self.head_dim * self.itemsize
+
+
+@dataclass
+class Sequence:
+    """A handle on one sequence: its block table and length. Owned by one `BlockStore`.
+
+    `block_ids` are physical ids in logical order; logical block j holds tokens
+    [j * block_size, (j + 1) * block_size). Only the last block can be partial.
+    """
+
+    seq_id: int
+    num_tokens: int = 0
+    _blocks: list[int] = field(default_factory=list, repr=False)
+    alive: bool = True
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)   # derived from _blocks
+
+    @property
+    def block_ids(self) -> list[int]:
+        return list(self._blocks)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._blocks)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Slots claimed for `num_tokens` new tokens of `seq`, starting at token `start`.
+
+    `block` and `offset` ([num_tokens] LongTensors) give each new token's physical block and
+    its row inside that block; `touched` lists the physical blocks written, in order.
+    """
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    block: torch.Tensor
+    offset: torch.Tensor
+    touched: tuple[int, ...]
+
+
+class BlockStore:
+    """Owns K and V for all layers in physical blocks, shared between sequences.
+
+    Invariants:
+    1. A block's ref count equals the number of live sequences whose table holds it; a block
+       with ref count 0 is in the pool's free queue (`num_free_blocks + used == num_blocks`).
+    2. Storage is lossless: `gather` returns exactly the values written, in `config.dtype`.
+    3. `fork(seq)` shares every block of `seq` (ref counts + 1); nothing is copied.
+    4. Copy-on-write: a block is written only while its ref count is 1. Appending to a
+       sequence whose partial last block is shared first copies that block (all layers and
+       summaries) into a fresh block; the other holders keep the original untouched.
+    5. Full blocks are append-only: once a block holds `block_size` tokens it is never
+       written again, so sharing a full block never needs a copy.
+    6. `free(seq)` drops one reference from each block of `seq`; blocks reaching zero return
+       to the free queue in logical order (or stay cached, evictable, when a prefix cache
+       holds them). The handle is dead afterwards.
+    7. Rejected calls change nothing: every argument is checked, and every block that will be
+       needed is counted against the free pool, before any state is touched. Running out
+       raises `StoreFullError(needed, free)`.
+    8. Summaries (min, max, mean, representatives) of every written block equal those
+       computed from its valid tokens, per layer and kv head, after every write.
+    """
+
+    def __init__(self, config: StoreConfig):
+        if not isinstance(config, StoreConfig):
+            raise TypeError(f"config must be a StoreConfig, got {type(config).__name__}")
+        c = self.config = config
+        tile = (c.num_layers, c.num_blocks, c.num_kv_heads)
+        kw = dict(dtype=c.dtype, device=c.device)
+        # K/V have the documented shape [L, NB, H, bs, D] but live head-major in memory
+        # ([L, H, NB, bs, D] contiguous): every tile is one contiguous bs x D slab, and a run of
+        # consecutive physical blocks of one kv head is one contiguous [n * bs, D] matrix, which
+        # dense decode multiplies without copying.
+        def tiles():
+            return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.block_size, c.head_dim,
+                               **kw).transpose(1, 2)
+
+        self.k, self.v = tiles(), tiles()
+        # Summaries have the documented shape [L, NB, H, D] but live head-major in memory
+        # ([L, H, NB, D] contiguous), so a scorer multiplies a query head against one
+        # contiguous [NB, D] matrix per kv head instead of gathering a copy each step.
+        def head_major():
+            return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.head_dim, **kw).transpose(1, 2)
+
+        self.kmin, self.kmax, self.kmean = head_major(), head_major(), head_major()
+        self.krepr = torch.zeros(*tile, c.repr_keys, c.head_dim, **kw)
+        self.pool = BlockPool(c.num_blocks)
+        self._fill = [0] * c.num_blocks          # valid tokens in each physical block
+        self._seqs: dict[int, Sequence] = {}
+        self._ids = itertools.count()
+        self.workspace = Workspace(c.device)     # scratch for the decode fast path
+
+    # -- sequences ----------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        """Live sequences, oldest first."""
+        return list(self._seqs.values())
+
+    def new_sequence(self) -> Sequence:
+        seq = Sequence(next(self._ids))
+        self._seqs[seq.seq_id] = seq
+        return seq
+
+    def attach(self, seq: Sequence, block_ids: list[int]) -> None:
+        """Start an empty `seq` on existing full blocks (a prefix-cache hit), shared by ref count."""
+        self.check_seq(seq)
+        if seq.num_tokens:
+            raise ValueError(f"seq must be empty to attach cached blocks; it holds {seq.num_tokens} tokens")
+        for b in block_ids:
+            if self._fill[b] != self.config.block_size:
+                raise ValueError(f"block_ids must name full blocks; block {b} holds {self._fill[b]} tokens")
+        self.pool.incref(block_ids)
+        seq._blocks.extend(block_ids)
+        seq.num_tokens = len(block_ids) * self.config.block_size
+
+    def fork(self, seq: Sequence) -> Sequence:
+        """A new sequence sharing every block of `seq` (invariant 3)."""
+        self.check_seq(seq)
+        self.pool.incref(seq._blocks)
+        child = Sequence(next(self._ids), seq.num_tokens, list(seq._blocks))
+        self._seqs[child.seq_id] = child
+        return child
+
+    def free(self, seq: Sequence) -> list[int]:
+        """Release `seq` (invariant 6); returns the physical blocks that became free."""
+        self.check_seq(seq)
+        freed = self.pool.decref(seq._blocks)   # content stays: a prefix cache may still hit it
+        seq.alive = False
+        del self._seqs[seq.seq_id]
+        return freed
+
+    def block_table(self, seq: Sequence) -> torch.Tensor:
+        """Physical block ids of `seq` in logical order, a [num_blocks] LongTensor on the store device.
+
+        Cached per sequence until its blocks change; treat it as read-only.
+        """
+        self.check_seq(seq)
+        key = ("table", len(seq._blocks), seq._blocks[-1] if seq._blocks else -1)
+        if seq._cache.get("table_key") != key:
+            seq._cache.clear()
+            seq._cache["table_key"] = key
+            seq._cache["table"] = torch.tensor(seq._blocks, dtype=torch.long, device=self.config.device)
+        return seq._cache["table"]
+
+    def physical_runs(self, seq: Sequence) -> list[tuple[int, int, int]]:
+        """Maximal runs of consecutive physical ids: (first logical block, first physical id, length).
+
+        A freshly allocated sequence is usually one run; fragmentation (frees, forks,
+        copy-on-write) splits it. Cached with the block table.
+        """
+        table = self.block_table(seq)
+        if "runs" not in seq._cache:
+            breaks = (torch.nonzero(table[1:] != table[:-1] + 1).flatten() + 1).tolist()
+            starts = [0] + breaks
+            ends = breaks + [len(table)]
+            seq._cache["runs"] = [(a, int(table[a]), b - a) for a, b in zip(starts, ends)]
+        return seq._cache["runs"]
+
+    # -- writing ------------------------------------------------------------------------
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """Blocks that reserving `num_tokens` more tokens for `seq` would allocate."""
+        bs = self.config.block_size
+        new = math.ceil((seq.num_tokens + num_tokens) / bs) - len(seq._blocks)
+        cow = seq.num_tokens % bs != 0 and self.pool.ref_counts[seq._blocks[-1]] > 1
+        return new + int(cow)
+
+    def reserve(self, seq: Sequence, num_tokens: int) -> Reservation:
+        """Claim slots for `num_tokens` new tokens; fill them with `write`, layer by layer."""
+        self.check_seq(seq)
+        check_int("num_tokens", num_tokens, lo=1)
+        needed = self.blocks_needed(seq, num_tokens)
+        if needed > self.pool.num_free:
+            raise StoreFullError(needed, self.pool.num_free, what=f"reserving {num_tokens} tokens")
+        bs = self.config.block_size
+        if seq.num_tokens % bs and self.pool.ref_counts[seq._blocks[-1]] > 1:
+            seq._blocks[-1] = self._copy_on_write(seq._blocks[-1])
+        seq._blocks.extend(self.pool.allocate(math.ceil((seq.num_tokens + num_tokens) / bs) - len(seq._blocks)))
+        start = seq.num_tokens
+        pos = torch.arange(start, start + num_tokens)
+        table = torch.tensor(seq._blocks, dtype=torch.long)
+        block, offset = table[pos // bs], pos % bs
+        touched = tuple(seq._blocks[start // bs: (start + num_tokens - 1) // bs + 1])
+        for j, b in enumerate(touched, start=start // bs):
+            self._fill[b] = min(bs, start + num_tokens - j * bs)
+        seq.num_tokens += num_tokens
+        dev = self.config.device
+        return Reservation(seq, start, num_tokens, block.to(dev), offset.to(dev), touched)
+
+    def write(self, res: Reservation, layer: int, k: torch.Tensor, v: torch.Tensor, check_finite: bool = True) -> None:
+        """Write one layer's K/V, each [res.num_tokens, num_kv_heads, head_dim], into reserved slots.
+
+        check_finite: reject NaN/inf before writing (one host read per tensor). The model's decode
+        path passes False: its K/V come from its own projections, checked in shape and dtype here,
+        and a NaN there is a model fault that its logits show.
+        """
+        if not isinstance(res, Reservation):
+            raise TypeError(f"res must be a Reservation from reserve(), got {type(res).__name__}")
+        self.check_seq(res.seq, name="res.seq")
+        c = self.config
+        check_int("layer", layer, lo=0, hi=c.num_layers - 1)
+        shape = (res.num_tokens, c.num_kv_heads, c.head_dim)
+        check_tensor("k", k, shape, c.dtype, c.device, finite=check_finite)
+        check_tensor("v", v, shape, c.dtype, c.device, finite=check_finite)
+        self._write(res, layer, k, v)
+
+    def append(self, seq: Sequence, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append T tokens to every layer at once; k, v: [num_layers, T, num_kv_heads, head_dim]."""
+        self.check_seq(seq)
+        c = self.config
+        shape = (c.num_layers, None, c.num_kv_heads, c.head_dim)
+        check_tensor("k", k, shape, c.dtype, c.device, finite=True)
+        check_tensor("v", v, (c.num_layers, k.shape[1], c.num_kv_heads, c.head_dim), c.dtype, c.device, finite=True)
+        if k.shape[1] == 0:
+            raise ValueError("k must hold at least one token (axis 1 is empty)")
+        res = self.reserve(seq, k.shape[1])
+        for layer in range(c.num_layers):
+            self._write(res, layer, k[layer], v[layer])
+
+    # -- reading ------------------------------------------------------------------------
+    def gather(self, seq: Sequence, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """All K and V of `seq` in one layer, each [num_tokens, num_kv_heads, head_dim] (a copy)."""
+        self.check_seq(seq)
+        c = self.config
+        check_int("layer", layer, lo=0, hi=c.num_layers - 1)
+        table = self.block_table(seq)
+
+        def _one(x):  # [n, H, bs, D] -> [n * bs, H, D] -> first num_tokens rows
+            t = x[layer, table].transpose(1, 2).reshape(-1, c.num_kv_heads, c.head_dim)
+            return t[: seq.num_tokens]
+
+        return _one(self.k), _one(self.v)
+
+    # -- bytes --------------------------------------------------------------------------
+    def kv_bytes(self) -> int:
+        """Bytes of the K and V pools (all layers, all blocks)."""
+        return (self.k.numel() + self.v.numel()) * self.k.element_size()
+
+    def summary_bytes(self) -> int:
+        """Bytes of all per-block summaries (min, max, mean, representatives), reported apart from KV."""
+        return sum(t.numel() * t.element_size() for t in (self.kmin, self.kmax, self.kmean, self.krepr))
+
+    def check_seq(self, seq, name: str = "seq") -> None:
+        """Raise TypeError/ValueError unless `seq` is a live sequence of this store."""
+        if not isinstance(seq, Sequence):
+            raise TypeError(f"{name} must be a Sequence from this store, got {type(seq).__name__}")
+        if self._seqs.get(seq.seq_id) is not seq:
+            state = "was freed" if not seq.alive else "belongs to another store"
+            raise ValueError(f"{name} (id {seq.seq_id}) {state}; expected a live sequence of this store")
+
+    def check_decode_query(self, q, seq, layer: int) -> None:
+        """Validate one decode query q [Hq, D] against `seq` at `layer` (Hq a multiple of the kv heads).
+
+        The one check a decode step needs; `attention.plan` runs it once per step, and every
+        public entry point that reads the cache for a query runs it before touching anything.
+        """
+        c = self.config
+        self.check_seq(seq)
+        check_int("layer", layer, lo=0, hi=c.num_layers - 1)
+        check_tensor("q", q, (None, c.head_dim), device=c.device, finite=True)
+        if not q.dtype.is_floating_point:
+            raise TypeError(f"q must be a floating tensor, got {q.dtype}")
+        if q.shape[0] % c.num_kv_heads:
+            raise ValueError(f"q must have a multiple of num_kv_heads={c.num_kv_heads} heads, got {q.shape[0]}")
+        if seq.num_tokens == 0:
+            raise ValueError("seq holds no tokens; append K/V before attending")
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _copy_on_write(self, src: int) -> int:
+        (dst,) = self.pool.allocate(1)
+        for t in (self.k, self.v, self.kmin, self.kmax, self.kmean, self.krepr):
+            t[:, dst] = t[:, src]
+        self._fill[dst] = self._fill[src]
+        self.pool.decref([src])
+        return dst
+
+    def _write(self, res: Reservation, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        # Advanced indices separated by a slice: the indexed view is [T, H, D].
+        self.k[layer][res.block, :, res.offset] = k
+        self.v[layer][res.block, :, res.offset] = v
+        self._refresh_summaries(layer, list(res.touched))
+
+    def _refresh_summaries(self, layer: int, blocks: list[int]) -> None:
+        """Recompute the summaries of `blocks` in `layer` from their valid rows (invariant 8)."""
+        c = self.config
+        idx = torch.tensor(blocks, dtype=torch.long, device=c.device)
+        tiles = self.k[layer, idx].float()                                   # [n, H, bs, D]
+        fill = torch.tensor([self._fill[b] for b in blocks], device=c.device)
+        valid = (torch.arange(c.block_size, device=c.device)[None, :] < fill[:, None])[:, None, :, None]
+        kmin = torch.where(valid, tiles, torch.inf).amin(2)                  # [n, H, D]
+        kmax = torch.where(valid, tiles, -torch.inf).amax(2)
+        kmean = torch.where(valid, tiles, 0.0).sum(2) / fill[:, None, None]
+        self.kmin[layer, idx] = kmin.to(c.dtype)
+        self.kmax[layer, idx] = kmax.to(c.dtype)
+        self.kmean[layer, idx] = kmean.to(c.dtype)
+        if c.repr_keys:
+            # Rule: the r keys farthest (L2) from the block mean, i.e. the keys the mean
+            # summary represents worst. Partial blocks with fewer than r keys repeat row 0.
+            dist = (tiles - kmean[:, :, None]).norm(dim=-1)                   # [n, H, bs]
+            dist = torch.where(valid[..., 0], dist, -torch.inf)
+            top = dist.topk(c.repr_keys, dim=-1).indices                     # [n, H, r]
+            rank = torch.arange(c.repr_keys, device=c.device)
+            top = torch.where(rank[None, None, :] < fill[:, None, None], top, 0)
+            rep = torch.gather(tiles, 2, top[..., None].expand(-1, -1, -1, c.head_dim))
+            self.krepr[layer, idx] = rep.to(c.dtype)
+
+
+__all__ = ["StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError"]

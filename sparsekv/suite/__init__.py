@@ -1,0 +1,3 @@
+"""Layer 6: the notebook suite: the papermill runner, metrics and checks, regression against baselines,
+the README findings, and shared figure pieces.
+"""

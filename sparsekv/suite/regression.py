@@ -1,0 +1,155 @@
+"""Notebook regression: compare a run's metrics JSON with a committed baseline.
+
+Each metric is compared by its kind (recorded in the metrics JSON, see `report.py`):
+    exact    must be equal;
+    numeric  |now - base| <= max(abs, rel * |base|);
+    timing   a ratio from the same run; passes while now / base is within [1/ratio, ratio].
+Tolerances come from `tests/baselines/tolerances.yaml`: per-kind defaults, then overrides by
+metric-name pattern (fnmatch), first match wins. A metric that is new or missing fails.
+With `gate_timing=False` (smoke runs, `make test`) timing metrics are reported but never fail:
+a busy machine moves them, and timing claims are asserted in full runs only.
+
+Checks are compared too: a check the baseline holds that the run no longer records, or one the
+baseline gated that the run no longer gates, fails, so deleting or disabling a check is caught.
+
+    python -m sparsekv notebooks baseline [names]   re-records tests/baselines/NN.smoke.json
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BASELINES = Path("tests") / "baselines"            # relative to the repository root
+DEFAULT_TOLERANCES = {"defaults": {"exact": {}, "numeric": {"abs": 0.01, "rel": 0.01}, "timing": {"ratio": 3.0}},
+                      "overrides": {}}
+
+
+def baseline_path(stem: str, mode: str = "smoke", root: Path | str = ".") -> Path:
+    """Smoke baselines live under tests/baselines; full-run metrics beside the figures (root: the repository)."""
+    root = Path(root)
+    return root / BASELINES / f"{stem}.smoke.json" if mode == "smoke" else root / "figures" / f"{stem}.metrics.json"
+
+
+def load_tolerances(path: Path | None = None, root: Path | str = ".") -> dict:
+    path = path or Path(root) / BASELINES / "tolerances.yaml"
+    if not path.exists():
+        return DEFAULT_TOLERANCES
+    import yaml
+    spec = yaml.safe_load(path.read_text()) or {}
+    out = {"defaults": {**DEFAULT_TOLERANCES["defaults"], **(spec.get("defaults") or {})},
+           "overrides": spec.get("overrides") or {}}
+    return out
+
+
+@dataclass(frozen=True)
+class MetricDiff:
+    metric: str
+    kind: str
+    baseline: float | None
+    now: float | None
+    tolerance: str
+    direction: str       # "=", "up", "down", "new", "missing", "ungated" (checks)
+    ok: bool
+
+
+@dataclass
+class Comparison:
+    notebook: str
+    diffs: list[MetricDiff]
+
+    @property
+    def failures(self) -> list[MetricDiff]:
+        return [d for d in self.diffs if not d.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def table(self, only_failures: bool = True) -> str:
+        rows = self.failures if only_failures else self.diffs
+        head = ("metric", "kind", "baseline", "now", "tolerance", "direction")
+        cells = [head] + [(d.metric, d.kind, _fmt(d.baseline), _fmt(d.now), d.tolerance, d.direction) for d in rows]
+        widths = [max(len(str(r[i])) for r in cells) for i in range(len(head))]
+        lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in cells]
+        lines.insert(1, "-" * len(lines[0]))
+        return f"{self.notebook}: {len(self.failures)} of {len(self.diffs)} metrics out of tolerance\n" + "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"notebook": self.notebook, "ok": self.ok,
+                           "failures": [asdict(d) for d in self.failures]}, indent=1)
+
+
+def compare(baseline: dict, current: dict, tolerances: dict | None = None, gate_timing: bool = True,
+            root: Path | str = ".") -> Comparison:
+    """Compare two metrics records (as written by `report.write_metrics`), metrics and checks."""
+    tol = tolerances or load_tolerances(root=root)
+    base_m, now_m = baseline["metrics"], current["metrics"]
+    kinds = {**current.get("kinds", {}), **baseline.get("kinds", {})}
+    diffs = []
+    for name in sorted(set(base_m) | set(now_m)):
+        kind = kinds.get(name, "numeric")
+        if name not in now_m:
+            diffs.append(MetricDiff(name, kind, base_m[name], None, "-", "missing", False))
+            continue
+        if name not in base_m:
+            diffs.append(MetricDiff(name, kind, None, now_m[name], "-", "new", False))
+            continue
+        b, n = base_m[name], now_m[name]
+        spec = _tolerance_for(name, kind, tol)
+        ok, text = _within(b, n, kind, spec)
+        if kind == "timing" and not gate_timing:
+            ok, text = True, text + " (not gated)"
+        direction = "=" if n == b else ("up" if n > b else "down")
+        diffs.append(MetricDiff(name, kind, b, n, text, direction, ok))
+    diffs += _compare_checks(baseline.get("checks", {}), current.get("checks", {}))
+    return Comparison(current.get("notebook", baseline.get("notebook", "?")), diffs)
+
+
+def _compare_checks(base: dict, now: dict) -> list[MetricDiff]:
+    """A failing row for each baseline check that is missing now, or gated then and not now."""
+    out = []
+    for claim, b in sorted(base.items()):
+        n = now.get(claim)
+        if n is None:
+            out.append(MetricDiff(f"check: {claim}", "check", _value(b), None, "-", "missing", False))
+        elif _gated(b) and not _gated(n):
+            out.append(MetricDiff(f"check: {claim}", "check", _value(b), _value(n), "-", "ungated", False))
+    return out
+
+
+def _gated(c) -> bool:
+    return bool(c.get("gated", True)) if isinstance(c, dict) else True
+
+
+def _value(c):
+    return c.get("value") if isinstance(c, dict) else float(bool(c))
+
+
+def _tolerance_for(name: str, kind: str, tol: dict) -> dict:
+    for pattern, spec in tol["overrides"].items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return spec
+    return tol["defaults"].get(kind, {})
+
+
+def _within(b: float, n: float, kind: str, spec: dict) -> tuple[bool, str]:
+    if kind == "exact":
+        return n == b, "exact"
+    if kind == "timing":
+        ratio = float(spec.get("ratio", 3.0))
+        if b == 0 or n == 0:
+            return (b == n), f"x{ratio:g}"
+        r = n / b
+        return (1 / ratio <= r <= ratio), f"x{ratio:g}"
+    a, rel = float(spec.get("abs", 0.0)), float(spec.get("rel", 0.0))
+    allowed = max(a, rel * abs(b))
+    return math.isclose(n, b, rel_tol=0, abs_tol=allowed) or abs(n - b) <= allowed, f"±{allowed:.3g}"
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.6g}" if isinstance(x, float) else str(x)

@@ -1,0 +1,211 @@
+"""Headless notebook runner on papermill: `python -m sparsekv notebooks run|smoke [names]`.
+
+    run       every notebook at its own (full) parameters; executed copies and metrics go to
+              build/notebooks/full/, figures and a copy of each metrics JSON to figures/.
+              The summary compares headline metrics with the committed figures/*.metrics.json.
+    smoke     every notebook with the shared small parameters of notebooks/smoke.yaml; all
+              output (figures included) goes to --out (default build/notebooks/smoke/), so a
+              smoke run never overwrites figures/. Metrics are compared with the committed
+              baselines in tests/baselines/ (see sparsekv.suite.regression).
+    baseline  a smoke run that re-records tests/baselines/NN.smoke.json; commit the change
+              with the reason the metrics moved.
+
+Each notebook receives two injected parameters besides its own: `figures_dir` and
+`metrics_path` (absolute). Smoke runs also set `gate_timing: false` (notebooks/smoke.yaml):
+timing checks and timing metrics are recorded there but never fail, so `make test` passes on a
+busy machine; full runs gate them. The runner prints a progress line per notebook and a summary
+table, and exits non-zero if any notebook failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KERNEL = "sparsekv"
+
+
+def check_root(root: Path | str) -> Path:
+    """The repository root the suite runs in: it must hold notebooks/ and tests/baselines/.
+
+    Passed in (`--root`, default the current folder, which is where `make` runs), never derived
+    from where the package is installed.
+    """
+    root = Path(root).resolve()
+    missing = [d for d in ("notebooks", "tests/baselines") if not (root / d).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"root must be the sparsekv repository (with notebooks/ and tests/baselines/); "
+                                f"{root} has no {', '.join(missing)}")
+    return root
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    status: str                      # "ok" | "failed"
+    seconds: float
+    metrics_path: Path
+    executed_path: Path
+    error: str = ""
+    metrics: dict = field(default_factory=dict)
+    reference: dict = field(default_factory=dict)   # the committed metrics compared against
+    regression: str = ""                            # the comparison's failure table, if any
+
+
+def discover(names: list[str] | None = None, root: Path | str = ".") -> list[Path]:
+    """Notebooks `NN_topic.ipynb` in order; `names` filter by stem or prefix ("01", "01_dense...")."""
+    folder = check_root(root) / "notebooks"
+    found = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return found
+    out = []
+    for n in names:
+        hits = [p for p in found if p.stem == n or p.stem.startswith(n)]
+        if not hits:
+            raise ValueError(f"names: no notebook matches {n!r}; have {[p.stem for p in found]}")
+        out += [p for p in hits if p not in out]
+    return out
+
+
+def smoke_parameters(stem: str, root: Path | str = ".") -> dict:
+    """The smoke parameters of one notebook: the file's `defaults`, overlaid by its own entry."""
+    import yaml
+    path = check_root(root) / "notebooks" / "smoke.yaml"
+    spec = yaml.safe_load(path.read_text()) or {}
+    params = dict(spec.get("defaults") or {})
+    params.update((spec.get("notebooks") or {}).get(stem) or {})
+    return params
+
+
+def kernel_name() -> str:
+    """The registered `sparsekv` kernel if present (make setup registers it), else python3."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    return KERNEL if KERNEL in KernelSpecManager().find_kernel_specs() else "python3"
+
+
+def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | None = None,
+                 timeout: int = 1800) -> NotebookRun:
+    """Execute one notebook with papermill; never raises for a notebook failure."""
+    import papermill as pm
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    executed = out_dir / path.name
+    metrics_path = out_dir / f"{path.stem}.metrics.json"
+    metrics_path.unlink(missing_ok=True)
+    parameters = dict(params or {})
+    parameters.update(figures_dir=str(figures_dir.resolve()), metrics_path=str(metrics_path.resolve()))
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(str(path), str(executed), parameters=parameters, kernel_name=kernel_name(),
+                            cwd=str(path.parent), execution_timeout=timeout, progress_bar=False)
+        status, error = "ok", ""
+    except Exception as exc:  # papermill raises PapermillExecutionError with the cell's traceback
+        status, error = "failed", _short_error(exc)
+    seconds = time.perf_counter() - t0
+    run = NotebookRun(path.stem, status, seconds, metrics_path, executed, error)
+    if status == "ok" and not metrics_path.exists():
+        run.status, run.error = "failed", f"ran but wrote no metrics JSON at {metrics_path}"
+    if metrics_path.exists():
+        run.metrics = json.loads(metrics_path.read_text())
+    return run
+
+
+def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
+            timeout: int | None = None, stream=sys.stdout, root: Path | str = ".") -> list[NotebookRun]:
+    """Run the selected notebooks in `mode` ("run", "smoke" or "baseline"), printing progress."""
+    from . import regression as baselines
+    if mode not in ("run", "smoke", "baseline"):
+        raise ValueError(f"mode must be 'run', 'smoke' or 'baseline', got {mode!r}")
+    root = check_root(root)
+    paths = discover(names, root)
+    if mode == "run":
+        out = out or root / "build" / "notebooks" / "full"
+        figures = root / "figures"
+    else:
+        out = out or root / "build" / "notebooks" / "smoke"
+        figures = out / "figures"
+    timeout = timeout or (1800 if mode == "run" else 300)
+    runs = []
+    for i, path in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {path.stem} ({mode}) ...", file=stream, flush=True)
+        params = {} if mode == "run" else smoke_parameters(path.stem, root)
+        ref_path = baselines.baseline_path(path.stem, "full" if mode == "run" else "smoke", root)
+        reference = json.loads(ref_path.read_text()) if ref_path.exists() else {}
+        run = run_notebook(path, out, figures, params, timeout)
+        run.reference = reference
+        if run.status == "ok":
+            if mode in ("run", "baseline"):
+                ref_path.parent.mkdir(parents=True, exist_ok=True)
+                ref_path.write_text(json.dumps(run.metrics, indent=1, sort_keys=True))
+            if mode == "smoke":
+                if not reference:
+                    run.status, run.error = "failed", f"no baseline at {ref_path}; record one with 'baseline'"
+                else:
+                    cmp = baselines.compare(reference, run.metrics, gate_timing=False, root=root)
+                    if not cmp.ok:
+                        run.status, run.regression = "regressed", cmp.table()
+                        (out / f"{path.stem}.diff.json").write_text(cmp.to_json())
+        print(f"[{i}/{len(paths)}] {path.stem}: {run.status} in {run.seconds:.1f}s"
+              + (f"\n    {run.error}" if run.error else "") + (f"\n{run.regression}" if run.regression else ""),
+              file=stream, flush=True)
+        runs.append(run)
+    print(summary_table(runs), file=stream, flush=True)
+    if mode == "run" and all(r.status == "ok" for r in runs):
+        from . import findings
+        try:
+            changed = findings.update(root / "README.md", root / "figures")
+            print("README findings re-rendered from figures/*.metrics.json" if changed else
+                  "README findings already match figures/*.metrics.json", file=stream, flush=True)
+        except KeyError as exc:        # a finding cites a notebook that has not been run at full size yet
+            print(f"README findings not re-rendered: {exc}", file=stream, flush=True)
+    return runs
+
+
+def summary_table(runs: list[NotebookRun]) -> str:
+    """One line per notebook: status, runtime, headline metrics as now (committed)."""
+    rows = [("notebook", "status", "seconds", "headline metrics: now (committed)")]
+    for r in runs:
+        m = r.metrics.get("metrics", {})
+        ref = r.reference.get("metrics", {})
+        head = ", ".join(f"{k}={_fmt(m[k])} ({_fmt(ref[k]) if k in ref else '-'})"
+                         for k in r.metrics.get("headline", []) if k in m)
+        rows.append((r.name, r.status, f"{r.seconds:.1f}", head))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3] for row in rows]
+    lines.insert(1, "-" * min(160, max(len(line) for line in lines)))
+    return "\n".join(lines)
+
+
+def _fmt(x) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def _short_error(exc: Exception) -> str:
+    text = str(exc).strip() or traceback.format_exception_only(type(exc), exc)[-1]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-3:])[:600]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sparsekv notebooks", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["run", "smoke", "baseline"])
+    ap.add_argument("names", nargs="*", help="notebook stems or prefixes (default: all)")
+    ap.add_argument("--out", type=Path, default=None, help="folder for executed copies and metrics")
+    ap.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 1800 full, 300 smoke)")
+    ap.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: the current folder)")
+    args = ap.parse_args(argv)
+    try:
+        runs = run_all(args.mode, args.names or None, args.out, args.timeout, root=args.root)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0 if all(r.status == "ok" for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Pictures of the store that the notebooks share: block tables and the physical pool.
+
+matplotlib is imported inside each function, so importing sparsekv does not need it.
+"""
+from __future__ import annotations
+
+from ..storage.store import BlockStore, Sequence
+
+
+def plot_block_tables(store: BlockStore, seqs: dict[str, Sequence], ax_tables=None, ax_pool=None):
+    """Left: each sequence's block table (logical -> physical id). Right: the physical pool
+    coloured by ref count, so shared blocks (ref count > 1) stand out; a legend names each
+    colour, and cells past the pool's last block are left blank. Returns the figure."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    if ax_tables is None or ax_pool is None:
+        fig, (ax_tables, ax_pool) = plt.subplots(1, 2, figsize=(12, 0.6 * len(seqs) + 2.5),
+                                                 gridspec_kw={"width_ratios": [3, 2]})
+    fig = ax_tables.figure
+    refs = store.pool.ref_counts
+    colours = ["#eeeeee", "#9ecae1", "#fd8d3c", "#e6550d", "#a63603"]     # sequential: more sharing, darker
+    cmap = ListedColormap(colours)
+    cmap.set_bad("white")
+    width = max(s.num_blocks for s in seqs.values())
+    grid = np.full((len(seqs), width), np.nan)
+    for r, (name, s) in enumerate(seqs.items()):
+        for j, b in enumerate(s.block_ids):
+            grid[r, j] = min(refs[b], 4)
+            ax_tables.text(j, r, str(b), ha="center", va="center", fontsize=8)
+    ax_tables.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-0.5, vmax=4.5, aspect="auto")
+    ax_tables.set_yticks(range(len(seqs)), list(seqs))
+    step = max(1, width // 16)
+    ax_tables.set_xticks(range(0, width, step))                          # whole blocks only
+    ax_tables.set_xlabel("logical block (text: physical block id)")
+    ax_tables.set_title("block tables")
+    side = int(np.ceil(np.sqrt(store.config.num_blocks)))
+    pool = np.full(side * side, np.nan)                                  # cells past the pool stay blank
+    pool[: store.config.num_blocks] = [min(r, 4) for r in refs]
+    ax_pool.imshow(np.ma.masked_invalid(pool.reshape(side, side)), cmap=cmap, vmin=-0.5, vmax=4.5)
+    ax_pool.set_title(f"physical pool ({side} per row): {store.num_free_blocks}/{store.config.num_blocks} free")
+    ax_pool.set_xticks([]), ax_pool.set_yticks([])
+    labels = ["free (ref 0)", "ref 1", "ref 2 (shared)", "ref 3", "ref 4+"]
+    ax_pool.legend(handles=[Patch(facecolor=c, edgecolor="k", label=l) for c, l in zip(colours, labels)],
+                   title="ref count", loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# Okabe-Ito: a colour-blind-safe palette. Routers keep one colour across every notebook; query-blind
+# routers are dashed, so colour and line style both separate them.
+COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+ROUTER_COLORS = {"minmax": "#0072B2", "mean": "#E69F00", "repr": "#009E73", "oracle": "#000000",
+                 "recency": "#CC79A7", "random": "#999999", "dense": "#D55E00"}
+QUERY_BLIND = ("recency", "random")
+
+
+def router_color(name: str) -> str:
+    """The colour of a router (or "scorer@budget" method) by its scorer name."""
+    return ROUTER_COLORS.get(name.split("@")[0], COLORS[-1])
+
+
+def router_style(name: str) -> str:
+    """Line style: solid for query-aware routers, dashed for query-blind ones."""
+    return "--" if name.split("@")[0] in QUERY_BLIND else "-"
+
+
+def interval_err(values, intervals):
+    """Error-bar lengths [2, n] for `values` and their (low, high) intervals, clamped at 0
+    (rounding can put a value a hair outside its own interval)."""
+    import numpy as np
+    v = np.asarray(values, dtype=float)
+    lo, hi = (np.asarray(x, dtype=float) for x in zip(*intervals))
+    return np.vstack([np.maximum(v - lo, 0), np.maximum(hi - v, 0)])
+
+
+def annotate_heatmap(ax, im, grid, fmt: str = "{:.3f}", fontsize: int = 8) -> None:
+    """Write each cell's value in black or white, whichever contrasts with the cell's colour."""
+    import numpy as np
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            if not np.isfinite(grid[i, j]):
+                continue
+            r, g, b, _ = im.cmap(im.norm(grid[i, j]))
+            light = 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5          # relative luminance
+            ax.text(j, i, fmt.format(grid[i, j]), ha="center", va="center", fontsize=fontsize,
+                    color="black" if light else "white")
