@@ -33,7 +33,7 @@ import triton.language as tl
 from .autotune import autotune_configs
 
 
-def split_configs(max_sel: int, target_splits: int = 8) -> int:
+def blocks_per_split_for(max_sel: int, target_splits: int = 8) -> int:
     """Blocks per split: enough splits to fill the machine, each with at least 4 blocks."""
     return max(4, -(-max_sel // target_splits))
 
@@ -153,7 +153,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         raise ValueError("q, k_cache and v_cache need unit stride on head_dim")
     G = Hq // H
     K = selection.shape[2]
-    bps = blocks_per_split or split_configs(K)
+    bps = blocks_per_split or blocks_per_split_for(K)
     S = max(1, -(-K // bps))
     alloc = (lambda *shape, dtype: torch.full(shape, float("nan"), dtype=dtype, device=q.device)) if poison else \
         (lambda *shape, dtype: torch.empty(shape, dtype=dtype, device=q.device))

@@ -39,3 +39,14 @@ def test_a_missing_metric_is_named():
     f = findings.Finding("x {a}", {"a": ("00_tour", "no_such_metric")})
     with pytest.raises(KeyError, match="00_tour:no_such_metric"):
         f.render({"00_tour": {}})
+
+
+def test_readme_benchmark_tables_match_the_committed_results():
+    """The README's benchmark tables are rendered from benchmarks/results (loaded by path: the repository
+    root never goes on sys.path, where its kernels/ folder would shadow the PyPI `kernels` package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_report", REPO / "benchmarks" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    readme = (REPO / "README.md").read_text()
+    assert report.readme_section(readme) == report.tables(), "run `python -m benchmarks.report --write`"

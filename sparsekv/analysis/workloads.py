@@ -219,6 +219,27 @@ class SimResult:
         return sum(self.hit_tokens) / sum(self.prompt_tokens)
 
 
+def model_free_cache(block_size: int = 16, num_blocks: int = 4096, policy: str = "lru") -> PrefixCache:
+    """A prefix cache over a store that reserves slots but holds no K/V (one layer, one head, head dim 1):
+    what the cache would hit, without a model."""
+    store = BlockStore(StoreConfig(num_layers=1, num_kv_heads=1, head_dim=1, block_size=block_size,
+                                   num_blocks=num_blocks, repr_keys=0))
+    return PrefixCache(store, policy=policy)
+
+
+def cache_prompt(cache: PrefixCache, token_ids: torch.Tensor, namespace=None, generated: torch.Tensor | None = None) -> int:
+    """Serve one request model-free: attach its cached prefix, reserve the rest (and `generated`),
+    insert prompt + generated tokens, release. Returns the prompt tokens that hit."""
+    store = cache.store
+    seq = store.new_sequence()
+    hit = cache.attach(seq, token_ids, namespace)
+    extra = 0 if generated is None else len(generated)
+    store.reserve(seq, len(token_ids) - hit + extra)
+    cache.insert(seq, token_ids if generated is None else torch.cat([token_ids, generated]), namespace)
+    store.free(seq)
+    return hit
+
+
 def simulate(trace: Trace, block_size: int = 16, num_blocks: int = 4096, policy: str = "lru", seed: int = 0,
              pin: torch.Tensor | None = None) -> SimResult:
     """Replay `trace` through a block store and prefix cache without a model.
@@ -227,26 +248,16 @@ def simulate(trace: Trace, block_size: int = 16, num_blocks: int = 4096, policy:
     Generated tokens are random ids (they enter the cache with the sequence, as real ones
     would). `pin`: a prefix to cache and pin before the first request.
     """
-    store = BlockStore(StoreConfig(num_layers=1, num_kv_heads=1, head_dim=1, block_size=block_size,
-                                   num_blocks=num_blocks, repr_keys=0))
-    cache = PrefixCache(store, policy=policy)
+    cache = model_free_cache(block_size, num_blocks, policy)
     g = torch.Generator().manual_seed(seed)
     res = SimResult(block_size, num_blocks, policy)
     t0 = time.perf_counter()
     if pin is not None:
-        seq = store.new_sequence()
-        store.reserve(seq, len(pin))
-        cache.insert(seq, pin)
-        store.free(seq)
+        cache_prompt(cache, pin)
         cache.pin("warmup", pin)
     for r in trace.requests:
-        seq = store.new_sequence()
-        hit = cache.attach(seq, r.token_ids, r.namespace)
-        store.reserve(seq, len(r.token_ids) - hit + r.decode_tokens)
         gen = torch.randint(4, 1 << 20, (r.decode_tokens,), generator=g)
-        cache.insert(seq, torch.cat([r.token_ids, gen]), r.namespace)
-        store.free(seq)
-        res.hit_tokens.append(hit)
+        res.hit_tokens.append(cache_prompt(cache, r.token_ids, r.namespace, gen))
         res.prompt_tokens.append(len(r.token_ids))
     res.evictions = cache.stats.evictions
     res.seconds = time.perf_counter() - t0

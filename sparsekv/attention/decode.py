@@ -52,10 +52,7 @@ def dense_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: in
                     backend: str = "auto") -> torch.Tensor:
     """Exact decode attention of one new token over every cached token of `seq` in `layer`."""
     _check_decode_args(q, store, seq, layer)
-    backend = resolve(backend, q)
-    if backend == "torch":
-        return _dense_torch(q, store, seq, layer)[0]
-    return _IMPLS[backend](q, store, seq, layer, all_blocks(store, seq))[0]
+    return _implementation("dense", backend, q)(q, store, seq, layer)[0]
 
 
 def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
@@ -67,8 +64,7 @@ def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: i
     """
     _check_decode_args(q, store, seq, layer)
     _check_blocks(blocks, store, seq)
-    fn = _resolve(backend, q)
-    out, lse = fn(q, store, seq, layer, blocks)
+    out, lse = _implementation("sparse", backend, q)(q, store, seq, layer, blocks)
     c = store.config
     traffic = attention_traffic(blocks, seq.num_tokens, c.block_size, c.head_dim, c.itemsize, q.shape[0])
     return out, AttentionResult(lse, int((blocks >= 0).sum()), traffic)
@@ -92,17 +88,7 @@ def batch_attention(q: torch.Tensor, store: BlockStore, seqs: list[Sequence], la
         _check_decode_args(q[b], store, seq, layer)
         if blocks is not None:
             _check_blocks(blocks[b], store, seq)
-    backend = resolve(backend, q)
-    if backend == "triton":
-        return _batch_triton(q, store, seqs, layer, blocks)
-    if blocks is None:
-        pairs = [(_sparse_reference(q[b], store, s, layer, all_blocks(store, s)) if backend == "reference"
-                  else _dense_torch(q[b], store, s, layer)) for b, s in enumerate(seqs)]
-    elif backend == "reference":
-        pairs = [_sparse_reference(q[b], store, s, layer, blocks[b]) for b, s in enumerate(seqs)]
-    else:
-        return _sparse_torch_batch(q, store, seqs, layer, blocks)
-    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    return _implementation("batch", backend, q)(q, store, seqs, layer, blocks)
 
 
 def all_blocks(store: BlockStore, seq: Sequence) -> torch.Tensor:
@@ -122,11 +108,9 @@ def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: 
     flash path.
     """
     check_choice("backend", backend, BACKENDS)
-    if backend == "triton":
-        raise ValueError("backend 'triton' has no prefill kernel yet; use 'auto', 'torch' or 'reference'")
-    if backend != "reference" and q.dtype != torch.float64:
-        return _prefill_sdpa(q, store, seq, layer)
-    return _prefill_reference(q, store, seq, layer)
+    if backend == "auto":              # the prefill default is SDPA even where decode would pick triton
+        backend = "torch"
+    return _implementation("prefill", backend, q)(q, store, seq, layer)
 
 
 def _prefill_sdpa(q, store, seq, layer):
@@ -331,8 +315,41 @@ def _batch_triton(q, store, seqs, layer, blocks, poison: bool = False):
     return paged_decode(q, store.k[layer], store.v[layer], tables, lens, selection, poison=poison)
 
 
-_IMPLS: dict[str, Callable] = {"reference": _sparse_reference, "torch": _sparse_torch, "triton": _sparse_triton}
+def _batch_reference(q, store, seqs, layer, blocks):
+    sel = [all_blocks(store, s) for s in seqs] if blocks is None else blocks
+    pairs = [_sparse_reference(q[b], store, s, layer, sel[b]) for b, s in enumerate(seqs)]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
-def _resolve(backend: str, q: torch.Tensor) -> Callable:
-    return _IMPLS[resolve(backend, q)]
+def _batch_torch(q, store, seqs, layer, blocks):
+    if blocks is not None:
+        return _sparse_torch_batch(q, store, seqs, layer, blocks)
+    pairs = [_dense_torch(q[b], store, s, layer) for b, s in enumerate(seqs)]      # in place, per sequence
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+def _prefill_torch(q, store, seq, layer):
+    return _prefill_reference(q, store, seq, layer) if q.dtype == torch.float64 else _prefill_sdpa(q, store, seq, layer)
+
+
+def _over_all_blocks(sparse_fn):
+    return lambda q, store, seq, layer: sparse_fn(q, store, seq, layer, all_blocks(store, seq))
+
+
+# The one dispatch table: backend -> phase -> implementation (None: the backend has no such path).
+# Every entry point resolves its backend once (core.backend) and looks the implementation up here.
+IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
+    "reference": {"dense": _over_all_blocks(_sparse_reference), "sparse": _sparse_reference,
+                  "batch": _batch_reference, "prefill": _prefill_reference},
+    "torch": {"dense": _dense_torch, "sparse": _sparse_torch, "batch": _batch_torch, "prefill": _prefill_torch},
+    "triton": {"dense": _over_all_blocks(_sparse_triton), "sparse": _sparse_triton, "batch": _batch_triton,
+               "prefill": None},
+}
+
+
+def _implementation(phase: str, backend: str, x: torch.Tensor) -> Callable:
+    name = backend if phase == "prefill" and backend != "auto" else resolve(backend, x)
+    fn = IMPLEMENTATIONS[name][phase]
+    if fn is None:
+        raise ValueError(f"backend {name!r} has no {phase} kernel yet; use 'auto', 'torch' or 'reference'")
+    return fn

@@ -102,5 +102,5 @@ def evaluate_hf(model, batch: tasks.Batch, routers: dict[str, Router | None], bl
             res.depths += batch.depths[b][: len(ok)].tolist()
             res.examples_right.append(all(ok))
             res.answers += len(ok)
-        res.bytes_read = sum(s["kv_bytes"] for s in reg.steps)
+        res.bytes_read = sum(s["kv_bytes"] + s["route_bytes"] for s in reg.steps)   # as in evaluate_routers
     return out

@@ -33,7 +33,7 @@ class Registration:
     router: Router | None                 # None: SDPA everywhere (a dense reference)
     block_size: int = 64                  # tokens per block of the temporary store
     dense_layers: int = 0                 # leading layers left on SDPA
-    steps: list = field(default_factory=list)   # per routed call: layer, blocks per kv head, K/V bytes
+    steps: list = field(default_factory=list)   # per routed call: layer, blocks per kv head, K/V and routing bytes
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         return _attention(self, module, query, key, value, attention_mask, scaling, dropout, **kwargs)
@@ -75,6 +75,7 @@ def _attention(reg: Registration, module, query, key, value, attention_mask, sca
         store.append(seq, key[b].transpose(0, 1)[None].contiguous(), value[b].transpose(0, 1)[None].contiguous())
         sel = router.select(q[b], store, seq, 0)
         out, res = sparse_attention(q[b], store, seq, 0, sel.blocks)
-        reg.steps.append({"layer": layer, "blocks": sel.num_selected.tolist(), "kv_bytes": res.kv_bytes})
+        reg.steps.append({"layer": layer, "blocks": sel.num_selected.tolist(), "kv_bytes": res.kv_bytes,
+                          "route_bytes": sel.route_bytes + res.traffic.index_bytes})
         outs.append(out)
     return torch.stack(outs)[:, None].to(query.dtype), None

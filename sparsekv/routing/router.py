@@ -56,7 +56,8 @@ class Selection:
     head_blocks: torch.Tensor | None = None
 
     @property
-    def score_bytes(self) -> int:
+    def route_bytes(self) -> int:
+        """Every byte read to route: the scorer's summaries (`Scorer.score_bytes`) plus the block table."""
         return self.traffic.total
 
     @property

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core import registry
 from ..storage.store import BlockStore, Sequence
 from .mass import block_attention_mass
 
@@ -184,14 +185,7 @@ def register_scorer(cls: type[Scorer]) -> type[Scorer]:
     `score_bytes` for the byte model) and this call; selection, attention and the sweeps need
     nothing else.
     """
-    if not (isinstance(cls, type) and issubclass(cls, Scorer)):
-        raise TypeError(f"a scorer must be a Scorer subclass, got {cls!r}")
-    if not cls.name or not isinstance(cls.name, str):
-        raise ValueError(f"a scorer needs a non-empty str name, got {cls.name!r}")
-    if cls.name in SCORERS and SCORERS[cls.name] is not cls:
-        raise ValueError(f"scorer {cls.name!r} is already registered")
-    SCORERS[cls.name] = cls
-    return cls
+    return registry.add(SCORERS, cls, Scorer, "scorer")
 
 
 for _cls in (MinMaxScorer, MeanScorer, ReprScorer, OracleScorer, RecencyScorer, RandomScorer):

@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from ..core import registry
+
 
 class Selector:
     """Base class. `needs_query_aware`: the selector reads the mass's shape, so a query-blind
@@ -34,14 +36,7 @@ SELECTORS: dict[str, type[Selector]] = {}
 
 
 def register_selector(cls: type[Selector]) -> type[Selector]:
-    if not (isinstance(cls, type) and issubclass(cls, Selector)):
-        raise TypeError(f"a selector must be a Selector subclass, got {cls!r}")
-    if not cls.name or not isinstance(cls.name, str):
-        raise ValueError(f"a selector needs a non-empty str name, got {cls.name!r}")
-    if cls.name in SELECTORS and SELECTORS[cls.name] is not cls:
-        raise ValueError(f"selector {cls.name!r} is already registered")
-    SELECTORS[cls.name] = cls
-    return cls
+    return registry.add(SELECTORS, cls, Selector, "selector")
 
 
 def _ranked(mass: torch.Tensor, forced: torch.Tensor):

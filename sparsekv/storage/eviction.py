@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ..core import registry
+
 
 class BlockStats(Protocol):
     """What the cache knows about a cached block (the cache's own metadata satisfies it)."""
@@ -42,12 +44,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {}
 
 def register_policy(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
     """Add a policy class to the registry under `cls.name` (usable as a class decorator)."""
-    if not cls.name or not isinstance(cls.name, str):
-        raise ValueError(f"an eviction policy needs a non-empty str name, got {cls.name!r}")
-    if cls.name in POLICIES and POLICIES[cls.name] is not cls:
-        raise ValueError(f"eviction policy {cls.name!r} is already registered")
-    POLICIES[cls.name] = cls
-    return cls
+    return registry.add(POLICIES, cls, EvictionPolicy, "eviction policy")
 
 
 @register_policy
