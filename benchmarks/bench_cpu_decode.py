@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import sys
@@ -145,9 +144,13 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
             blocks = router.select(q, store, seq, 0).blocks                   # [H, K], -1 padded
             per_q = blocks.repeat_interleave(G, 0)                            # [Hq, K]
             num = (per_q >= 0).sum(-1).to(torch.int32).view(1, H * G, 1)
-            idx = per_q.clamp_min(0).to(torch.int32).view(1, H * G, 1, -1)
-            mask = BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=(1, bs), mask_mod=lambda b, h, qi, ki: ki < n,
-                                            seq_lengths=(1, nb * bs))
+            idx = torch.zeros(1, H * G, 1, nb, dtype=torch.int32)             # Flex wants a column per kv block
+            idx[0, :, 0, :per_q.shape[1]] = per_q.clamp_min(0)
+            # No "full" blocks (the mask decides every tile); passed as empty because Inductor's CPU template
+            # for Flex (torch 2.13) fails to compile without them.
+            none_full = torch.zeros_like(num), torch.zeros_like(idx)
+            mask = BlockMask.from_kv_blocks(num, idx, *none_full, BLOCK_SIZE=(1, bs), mask_mod=lambda b, h, qi, ki: ki < n,
+                                            seq_lengths=(1, nb * bs), compute_q_blocks=False)   # forward only
             return flex_fn(q4, kp, vp, block_mask=mask, enable_gqa=True)
 
         routed_out = flex_routed()

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from conftest import REPO
-from sparsekv.suite import findings, runner as nbrun
+from sparsekv.suite import findings
 
 CITED = sorted({src for f in findings.FINDINGS for src in f.values.values() if not callable(src)})
 

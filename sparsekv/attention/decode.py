@@ -114,7 +114,6 @@ def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: 
 
 
 def _prefill_sdpa(q, store, seq, layer):
-    c = store.config
     _check_prefill_args(q, store, seq, layer)
     T, Hq, D = q.shape
     N = seq.num_tokens

@@ -13,7 +13,7 @@ dense decode or routed sparse decode.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import torch
@@ -293,7 +293,6 @@ class LinearAttention(Mixer):
 
     def forward_batch(self, x):                                # quadratic causal form, [B, T, dim]
         q, k, v = (t.transpose(1, 2) for t in self._qkv(x))    # [B, H, T, D]
-        T = x.shape[1]
         a = (q @ k.transpose(-1, -2)).tril()                   # [B, H, T, T]
         y = (a @ v) / a.sum(-1, keepdim=True).clamp_min(1e-6)
         return self.o_proj(y.transpose(1, 2).flatten(-2))

@@ -30,7 +30,7 @@ import torch
 from ..core.checks import check_choice, check_int
 from ..core.backend import BACKENDS as SCORE_BACKENDS, resolve
 from ..storage.store import BlockStore, Sequence
-from .scorers import ROUTERS, SCORERS, ScoreInput, Scorer
+from .scorers import ROUTERS, ScoreInput
 from .selectors import Selector, make_selector
 from ..core.traffic import INDEX_BYTES, StepTraffic
 

@@ -46,7 +46,10 @@ N01, N03, N04, N05, N06, N07, N08 = ("01_dense_vs_sparse_baselines", "03_lost_de
 
 
 def _bound(m: Metrics) -> str:
+    """Which roofline bound dense decode attention meets on this CPU (within 5% of the ridge: neither)."""
     i, ridge = m[N04]["dense_intensity"], m[N04]["cpu_ridge_flop_per_byte"]
+    if abs(i - ridge) <= 0.05 * ridge:
+        return "at the ridge: neither clearly memory- nor compute-bound, so both floors matter"
     return "memory-bound" if i < ridge else "compute-bound"
 
 
@@ -65,8 +68,8 @@ FINDINGS: list[Finding] = [
              "me": (N01, "mean.mass_recall@131072"), "re": (N01, "recency.mass_recall@131072")}),
     Finding("**Routing is not free.** At block 64 and 128k tokens the min/max summaries are {bs:.0%} of a routed step's "
             "bytes and routing took {tf:.0%} of its time. At a million tokens the summaries are {sm:.0%} of the bytes "
-            "(notebook 04). This CPU's ridge point is {ridge:.1f} flop/byte, and dense decode attention runs at "
-            "{inten:.1f} flop/byte, so on this machine it is {bound}.",
+            "(notebook 04). This CPU's ridge point is {ridge:.2f} flop/byte (measured), and dense decode attention runs "
+            "at {inten:.2f} flop/byte (the byte model), so on this machine it is {bound}.",
             {"bs": (N01, "minmax.route_byte_share"), "tf": (N01, "minmax.route_fraction"),
              "sm": (N04, "summary_share_minmax@max"), "ridge": (N04, "cpu_ridge_flop_per_byte"),
              "inten": (N04, "dense_intensity"), "bound": _bound}),
