@@ -107,9 +107,6 @@ def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: 
     causal offset of the cached prefix, so it never forms the [Hq, T, N] scores on the CPU's
     flash path.
     """
-    check_choice("backend", backend, BACKENDS)
-    if backend == "auto":              # the prefill default is SDPA even where decode would pick triton
-        backend = "torch"
     return _implementation("prefill", backend, q)(q, store, seq, layer)
 
 
@@ -347,8 +344,9 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
 
 
 def _implementation(phase: str, backend: str, x: torch.Tensor) -> Callable:
-    name = backend if phase == "prefill" and backend != "auto" else resolve(backend, x)
-    fn = IMPLEMENTATIONS[name][phase]
-    if fn is None:
-        raise ValueError(f"backend {name!r} has no {phase} kernel yet; use 'auto', 'torch' or 'reference'")
-    return fn
+    """The implementation of `phase` for `backend`. An explicit backend without that phase is an error;
+    "auto" takes the torch path wherever the backend it resolves to has none (prefill on triton)."""
+    check_choice("backend", backend, BACKENDS)
+    if backend != "auto" and IMPLEMENTATIONS[backend][phase] is None:
+        raise ValueError(f"backend {backend!r} has no {phase} kernel yet; use 'auto', 'torch' or 'reference'")
+    return IMPLEMENTATIONS[resolve(backend, x)][phase] or IMPLEMENTATIONS["torch"][phase]
