@@ -15,6 +15,7 @@ from ..routing.mass import block_attention_mass
 from .metrics import evaluate
 from .probes import Probe
 from ..core.profiling import median_time
+from ..core.tables import format_table  # noqa: F401  (notebooks call study.format_table)
 from ..routing.router import Router
 from ..storage.store import BlockStore, Sequence, StoreConfig
 
@@ -109,14 +110,3 @@ def mean_of(rows: list[dict], value: str, **where) -> float:
     if not vals:
         raise ValueError(f"no rows match {where}")
     return sum(vals) / len(vals)
-
-
-def format_table(rows: list[dict], columns: list[str], floatfmt: str = ".3g") -> str:
-    """A plain-text table of `columns` (for notebooks; no pandas needed)."""
-    def f(x):
-        return format(x, floatfmt) if isinstance(x, float) else str(x)
-    cells = [columns] + [[f(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)

@@ -82,6 +82,11 @@ def summary_traffic(num_scored_tiles: int, vectors_per_tile: int, head_dim: int,
     return StepTraffic(summary_bytes=num_scored_tiles * vectors_per_tile * head_dim * itemsize)
 
 
+def key_traffic(num_tokens: int, num_kv_heads: int, head_dim: int, itemsize: int) -> StepTraffic:
+    """Bytes a scorer reads when it scores from the keys themselves (the oracle): every K row."""
+    return StepTraffic(summary_bytes=num_tokens * num_kv_heads * head_dim * itemsize)
+
+
 def routed_traffic(num_tokens: int, budget_tokens: int, num_kv_heads: int, block_size: int, head_dim: int,
                    itemsize: int, num_q_heads: int, summary_vectors: int) -> StepTraffic:
     """Bytes of one routed decode step of one layer under a token budget, before any selection is made.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core import registry
+from ..core.traffic import key_traffic, summary_traffic
 from ..storage.store import BlockStore, Sequence
 from .mass import block_attention_mass
 
@@ -47,8 +48,10 @@ class Scorer:
         raise NotImplementedError
 
     def score_bytes(self, store: BlockStore, seq: Sequence) -> int:
+        """Summary bytes this scorer reads for `seq` (the byte model: `core.traffic`)."""
         c = store.config
-        return seq.num_blocks * c.num_kv_heads * self.summary_vectors * c.head_dim * c.itemsize
+        tiles = seq.num_blocks * c.num_kv_heads
+        return summary_traffic(tiles, self.summary_vectors, c.head_dim, c.itemsize).summary_bytes
 
 
 def _summary_logits(q: torch.Tensor, summary: torch.Tensor, inp: ScoreInput) -> torch.Tensor:
@@ -124,7 +127,8 @@ class ReprScorer(Scorer):
 
     def score_bytes(self, store, seq):
         c = store.config
-        return seq.num_blocks * c.num_kv_heads * c.repr_keys * c.head_dim * c.itemsize
+        tiles = seq.num_blocks * c.num_kv_heads
+        return summary_traffic(tiles, c.repr_keys, c.head_dim, c.itemsize).summary_bytes
 
     def logits(self, inp, backend, generator):
         c = inp.store.config
@@ -148,7 +152,7 @@ class OracleScorer(Scorer):
 
     def score_bytes(self, store, seq):
         c = store.config
-        return seq.num_tokens * c.num_kv_heads * c.head_dim * c.itemsize
+        return key_traffic(seq.num_tokens, c.num_kv_heads, c.head_dim, c.itemsize).summary_bytes
 
     def logits(self, inp, backend, generator):
         H, G, D = inp.q.shape

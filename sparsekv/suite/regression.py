@@ -22,6 +22,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core.tables import format_table
+
 BASELINES = Path("tests") / "baselines"            # relative to the repository root
 DEFAULT_TOLERANCES = {"defaults": {"exact": {}, "numeric": {"abs": 0.01, "rel": 0.01}, "timing": {"ratio": 3.0}},
                       "overrides": {}}
@@ -70,12 +72,11 @@ class Comparison:
 
     def table(self, only_failures: bool = True) -> str:
         rows = self.failures if only_failures else self.diffs
-        head = ("metric", "kind", "baseline", "now", "tolerance", "direction")
-        cells = [head] + [(d.metric, d.kind, _fmt(d.baseline), _fmt(d.now), d.tolerance, d.direction) for d in rows]
-        widths = [max(len(str(r[i])) for r in cells) for i in range(len(head))]
-        lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in cells]
-        lines.insert(1, "-" * len(lines[0]))
-        return f"{self.notebook}: {len(self.failures)} of {len(self.diffs)} metrics out of tolerance\n" + "\n".join(lines)
+        head = ["metric", "kind", "baseline", "now", "tolerance", "direction"]
+        cells = [dict(zip(head, (d.metric, d.kind, _fmt(d.baseline), _fmt(d.now), d.tolerance, d.direction)))
+                 for d in rows]
+        return (f"{self.notebook}: {len(self.failures)} of {len(self.diffs)} metrics out of tolerance\n"
+                + format_table(cells, head, align="left"))
 
     def to_json(self) -> str:
         return json.dumps({"notebook": self.notebook, "ok": self.ok,

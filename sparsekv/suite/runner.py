@@ -26,6 +26,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.tables import format_table
+
 KERNEL = "sparsekv"
 
 
@@ -167,17 +169,15 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
 
 def summary_table(runs: list[NotebookRun]) -> str:
     """One line per notebook: status, runtime, headline metrics as now (committed)."""
-    rows = [("notebook", "status", "seconds", "headline metrics: now (committed)")]
+    cols = ["notebook", "status", "seconds", "headline metrics: now (committed)"]
+    rows = []
     for r in runs:
         m = r.metrics.get("metrics", {})
         ref = r.reference.get("metrics", {})
         head = ", ".join(f"{k}={_fmt(m[k])} ({_fmt(ref[k]) if k in ref else '-'})"
                          for k in r.metrics.get("headline", []) if k in m)
-        rows.append((r.name, r.status, f"{r.seconds:.1f}", head))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3] for row in rows]
-    lines.insert(1, "-" * min(160, max(len(line) for line in lines)))
-    return "\n".join(lines)
+        rows.append(dict(zip(cols, (r.name, r.status, f"{r.seconds:.1f}", head))))
+    return format_table(rows, cols, align="left")
 
 
 def _fmt(x) -> str:
