@@ -71,8 +71,8 @@ def template_parts(tok, intro: str, question: str, answer_prefix: str) -> tuple[
     return enc(pre), enc(post + answer_prefix)
 
 
-def answer_ids(tok, post_text_ids: list[int], answer: str) -> list[int]:
-    """The ids the tokenizer gives `answer` when it follows the prompt (leading space included)."""
+def answer_ids(tok, answer: str) -> list[int]:
+    """The answer's ids, tokenised as its own piece (leading space included), like every piece of a probe."""
     ids = tok(answer, add_special_tokens=False)["input_ids"]
     if not ids:
         raise ValueError(f"answer {answer!r} tokenises to nothing")
@@ -94,7 +94,7 @@ def plant(tok, hay: list[int], length: int, depth: float, intro: str, needle: st
     cut = round(depth * n_fill)
     ids = pre + hay[:cut] + nd + hay[cut:n_fill] + post
     start = len(pre) + cut
-    return Probe(task, ids, answer_ids(tok, post, answer), (start, start + len(nd)), depth, length)
+    return Probe(task, ids, answer_ids(tok, answer), (start, start + len(nd)), depth, length)
 
 
 def passkey(tok, length: int, depth: float, key: int, filler_ids: list[int] | None = None) -> Probe:

@@ -29,27 +29,26 @@ def _bar(total: int, desc: str, progress: bool):
 
 
 def passkey_grid(engine: Engine, tok, lengths, prompts: int, routers: dict, seed: int = 0,
-                 progress: bool = True) -> tuple[list[dict], dict]:
+                 progress: bool = True) -> list[dict]:
     """Passkey at each length, `prompts` depths spread over [0.05, 0.95], every method.
 
     The prompts of one length share their filler up to the needle. With an engine built with
     `prefix_cache=True`, they are taken deepest needle first, so each prompt's prefill reuses the
     cached blocks of the one before up to its own needle (the cache is the suite's own, and the
     answers are the same: the blocks are exact).
-    Returns (rows, ttft): rows {length, depth, method, correct, steps, step_s}; ttft {length: [s]}
-    (the prefill of each prompt, all but its last token; cached prefixes make it shorter).
+    Returns rows {length, depth, method, correct, steps, step_s}. (Prefill times are not returned: with
+    cached prefixes they measure the cache, not prefill; notebook 08 times prefill on its own.)
     """
     import random
     rng = random.Random(seed)
     filler = tok(longctx.PASSKEY_FILLER * (max(lengths) // 8 + 16), add_special_tokens=False)["input_ids"]
     depths = [0.05 + 0.9 * i / max(1, prompts - 1) for i in range(prompts)][::-1]      # deepest first
-    rows, ttft = [], {L: [] for L in lengths}
+    rows = []
     bar = _bar(len(lengths) * prompts, "passkey prompts", progress)
     for L in lengths:
         for d in depths:
             probe = longctx.passkey(tok, L, d, rng.randrange(10000, 99999), filler)
             seq = longctx.prefill_probe(engine, probe.ids)
-            ttft[L].append(engine.stats(seq).ttft_s)
             for name, r in routers.items():
                 a = longctx.score_answer(engine, seq, probe.ids[-1], probe.answer, r)
                 rows.append({"length": L, "depth": d, "method": name, "correct": float(a.correct), "steps": a.steps,
@@ -57,7 +56,7 @@ def passkey_grid(engine: Engine, tok, lengths, prompts: int, routers: dict, seed
             engine.finish(seq)
             bar.update()
     bar.close()
-    return rows, ttft
+    return rows
 
 
 def needle_grid(engine: Engine, tok, kinds, length: int, depths, routers: dict, progress: bool = True) -> list[dict]:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..core.checks import check_choice, check_int, check_tensor
 from ..core.backend import BACKENDS, resolve
-from ..storage.store import BlockStore, Sequence
+from ..storage.store import BlockStore, Sequence, check_decode_query
 from ..core.traffic import StepTraffic, attention_traffic
 
 
@@ -157,9 +157,7 @@ def _prefill_reference(q, store, seq, layer):
 # -- checks ---------------------------------------------------------------------------------
 
 def _check_decode_args(q, store, seq, layer) -> None:
-    if not isinstance(store, BlockStore):
-        raise TypeError(f"store must be a BlockStore, got {type(store).__name__}")
-    store.check_decode_query(q, seq, layer)
+    check_decode_query(store, q, seq, layer)
 
 
 def _check_blocks(blocks, store, seq) -> None:

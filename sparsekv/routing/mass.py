@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from ..storage.store import BlockStore, Sequence
+from ..storage.store import BlockStore, Sequence, check_decode_query
 
 
 def block_attention_mass(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int) -> torch.Tensor:
@@ -19,9 +19,7 @@ def block_attention_mass(q: torch.Tensor, store: BlockStore, seq: Sequence, laye
     by and what attention-mass recall is measured against. Reads all of K: an analysis tool,
     not a decode path.
     """
-    if not isinstance(store, BlockStore):
-        raise TypeError(f"store must be a BlockStore, got {type(store).__name__}")
-    store.check_decode_query(q, seq, layer)
+    check_decode_query(store, q, seq, layer)
     c = store.config
     H, D, bs, N = c.num_kv_heads, c.head_dim, c.block_size, seq.num_tokens
     G = q.shape[0] // H

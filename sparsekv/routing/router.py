@@ -29,7 +29,7 @@ import torch
 
 from ..core.checks import check_choice, check_int
 from ..core.backend import BACKENDS as SCORE_BACKENDS, resolve
-from ..storage.store import BlockStore, Sequence
+from ..storage.store import BlockStore, Sequence, check_decode_query
 from .scorers import ROUTERS, ScoreInput
 from .selectors import Selector, make_selector
 from ..core.traffic import INDEX_BYTES, StepTraffic
@@ -180,9 +180,7 @@ class Router:
     def select(self, q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
                backend: str | None = None) -> Selection:
         """Route one decode query q [Hq, D] of `seq` at `layer` (validated)."""
-        if not isinstance(store, BlockStore):
-            raise TypeError(f"store must be a BlockStore, got {type(store).__name__}")
-        store.check_decode_query(q, seq, layer)
+        check_decode_query(store, q, seq, layer)
         return self.select_planned(q, store, seq, layer, store.block_table(seq), backend)
 
     def select_planned(self, q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int, table: torch.Tensor,

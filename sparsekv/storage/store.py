@@ -389,3 +389,11 @@ class BlockStore:
 
 
 __all__ = ["StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError"]
+
+
+def check_decode_query(store, q, seq, layer: int) -> None:
+    """The decode-query check every public entry point runs: `store` a BlockStore, then
+    `BlockStore.check_decode_query` (q [Hq, D] against `seq` at `layer`)."""
+    if not isinstance(store, BlockStore):
+        raise TypeError(f"store must be a BlockStore, got {type(store).__name__}")
+    store.check_decode_query(q, seq, layer)
