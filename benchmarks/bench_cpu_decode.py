@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:          # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 import sparsekv as sk                  # noqa: E402
+from sparsekv.core.backend import resolve   # noqa: E402
 from sparsekv.core.profiling import median_time   # noqa: E402
 from sparsekv.core.traffic import attention_traffic, dense_traffic   # noqa: E402
 
@@ -107,6 +108,10 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
 
     sparse_attn = lambda: sk.sparse_attention(q, store, seq, 0, sel.blocks)[0]
 
+    def sparse_step_torch():
+        s = router.select(q, store, seq, 0)
+        return sk.sparse_attention(q, store, seq, 0, s.blocks, backend="torch")[0]
+
     # Peers read contiguous [1, H, N, D] tensors (their native layout), built outside the timing.
     k4 = store.gather(seq, 0)[0].permute(1, 0, 2).unsqueeze(0).contiguous()
     v4 = store.gather(seq, 0)[1].permute(1, 0, 2).unsqueeze(0).contiguous()
@@ -114,6 +119,12 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
     sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
     variants = {"sparse": sparse_step, "sparse_attn": sparse_attn, "dense": lambda: sk.dense_attention(q, store, seq, 0),
                 "sdpa": sdpa}
+    backend = resolve("auto", q)
+    res["backend"] = backend
+    if backend == "cpp":          # the torch path too, in the same run: the fused kernel's before and after
+        variants.update({"sparse_torch": sparse_step_torch,
+                         "sparse_attn_torch": lambda: sk.sparse_attention(q, store, seq, 0, sel.blocks, backend="torch")[0],
+                         "dense_torch": lambda: sk.dense_attention(q, store, seq, 0, backend="torch")})
 
     # Correctness in the same run: dense == SDPA, sparse == Flex over the same selection.
     tol = 1e-4 if dtype == torch.float32 else 3e-2
@@ -176,7 +187,9 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
     rows_read = int((sel.blocks >= 0).sum()) * bs // H                       # key rows per kv head (upper bound)
     res["sparse_bytes"], res["attn_bytes"], res["dense_bytes"] = routed_bytes, attn_bytes, dense.total
     work = {"sparse": (routed_bytes, rows_read), "sparse_attn": (attn_bytes, rows_read), "flex": (attn_bytes, rows_read),
-            "flex_routed": (routed_bytes, rows_read), "dense": (dense.total, n), "sdpa": (dense.total, n)}
+            "flex_routed": (routed_bytes, rows_read), "dense": (dense.total, n), "sdpa": (dense.total, n),
+            "sparse_torch": (routed_bytes, rows_read), "sparse_attn_torch": (attn_bytes, rows_read),
+            "dense_torch": (dense.total, n)}
     for v, (nbytes, rows) in work.items():
         if f"{v}_s" in res:
             byte_floor, compute_floor = nbytes / bw, 4 * H * G * D * rows / rate
@@ -185,6 +198,9 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
             res[f"{v}_over_floor"] = res[f"{v}_s"] / res[f"{v}_floor_s"]
     res["sparse_speedup_vs_sdpa"] = res["sdpa_s"] / res["sparse_s"]
     res["dense_speedup_vs_sdpa"] = res["sdpa_s"] / res["dense_s"]
+    for v in ("sparse", "sparse_attn", "dense"):
+        if f"{v}_torch_s" in res:
+            res[f"{v}_speedup_vs_torch_path"] = res[f"{v}_torch_s"] / res[f"{v}_s"]
     if "flex_s" in res:
         res["attn_speedup_vs_flex"] = res["flex_s"] / res["sparse_attn_s"]              # attention vs attention
         res["routed_speedup_vs_flex_routed"] = res["flex_routed_s"] / res["sparse_s"]  # routing + attention, both

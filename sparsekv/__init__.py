@@ -25,6 +25,7 @@ from .storage.block_pool import BlockPool, StoreFullError
 from .storage.eviction import EvictionPolicy, register_policy
 from .storage.prefix_cache import PrefixCache, PrefixMatch
 from .storage.store import BlockStore, Reservation, Sequence, StoreConfig
+from .storage.summaries import SUMMARIES, Summary, register_summary
 from .analysis import metrics, probes
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "dense_attention", "sparse_attention", "batch_attention", "prefill_attention", "all_blocks", "AttentionResult",
     "block_attention_mass", "StepTraffic", "Router", "RouterConfig", "Selection", "ROUTERS", "SCORERS", "Scorer",
     "register_scorer", "SELECTORS", "Selector", "register_selector", "EvictionPolicy", "register_policy",
+    "SUMMARIES", "Summary", "register_summary",
     "metrics", "probes", "Model", "ModelConfig", "load_model", "load_tokenizer", "Engine", "EngineConfig",
     "RequestStats", "PrefixCache", "PrefixMatch",
 ]

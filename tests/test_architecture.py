@@ -121,10 +121,11 @@ def registered():
     from sparsekv.routing.scorers import SCORERS
     from sparsekv.routing.selectors import SELECTORS
     from sparsekv.storage.eviction import POLICIES
+    from sparsekv.storage.summaries import SUMMARIES
     added = []
     yield added
     for registry, name in added:
-        {"scorer": SCORERS, "selector": SELECTORS, "policy": POLICIES}[registry].pop(name, None)
+        {"scorer": SCORERS, "selector": SELECTORS, "policy": POLICIES, "summary": SUMMARIES}[registry].pop(name, None)
 
 
 def test_a_new_scorer_works_end_to_end(registered):
@@ -147,6 +148,49 @@ def test_a_new_scorer_works_end_to_end(registered):
                        [dict(depth=0.3)], {"maxonly": sk.Router("maxonly", token_budget=64)}, block_size=16,
                        progress=False)
     assert rows[0]["router"] == "maxonly" and 0 <= rows[0]["mass_recall"] <= 1
+
+
+def test_a_new_summary_and_the_scorer_that_reads_it_work_end_to_end(registered):
+    @sk.register_summary
+    class AbsMax(sk.Summary):
+        """Channel-wise max |k| over the block's valid keys."""
+        name = "kabsmax"
+
+        def compute(self, tiles, config):
+            return torch.where(tiles.valid, tiles.values.abs(), 0.0).amax(2)
+
+    @sk.register_scorer
+    class AbsBound(sk.Scorer):
+        """|q| . max|k|: a looser upper bound on q.k than Quest's, from one vector per tile."""
+        name, reads = "absbound", ("kabsmax",)
+
+        def logits(self, inp, backend, generator):
+            per_head = inp.store.summary("kabsmax")[inp.layer][inp.table].float().permute(1, 2, 0)   # [H, D, nb]
+            return (inp.q.abs() @ per_head) / inp.q.shape[-1] ** 0.5
+    registered += [("summary", "kabsmax"), ("scorer", "absbound")]
+
+    probe = needle(ProbeConfig(length=501, num_kv_heads=2, gqa=2, head_dim=16, seed=5), 0.4)
+    cfg = sk.StoreConfig(num_layers=1, num_kv_heads=2, head_dim=16, block_size=16, num_blocks=40,
+                         summaries=("kmin", "kmax", "kabsmax"))
+    store = sk.BlockStore(cfg)
+    seq = probe.write(store)
+    child = store.fork(seq)
+    store.append(child, torch.randn(1, 3, 2, 16), torch.randn(1, 3, 2, 16))   # copy-on-write of a partial block
+    for s in (seq, child):
+        k, _ = store.gather(s, 0)
+        table = store.block_table(s)
+        for j, b in enumerate(table.tolist()):
+            rows = k[j * 16:(j + 1) * 16]                                      # valid rows of logical block j
+            assert torch.equal(store.summary("kabsmax")[0, b], rows.abs().amax(0))
+    assert store.summary_bytes() == 3 * 40 * 2 * 16 * 4
+    sel = sk.Router("absbound", token_budget=64).select(probe.q, store, seq, 0)
+    out, _ = sk.sparse_attention(probe.q, store, seq, 0, sel.blocks)
+    assert torch.isfinite(out).all()
+    assert sel.traffic.summary_bytes == seq.num_blocks * 2 * 1 * 16 * 4       # charged one vector per tile
+    with pytest.raises(ValueError, match="keeps no 'kmean' summary"):
+        sk.Router("mean", token_budget=64).select(probe.q, store, seq, 0)
+    with pytest.raises(ValueError, match="summaries must be distinct names"):
+        sk.StoreConfig(num_layers=1, num_kv_heads=2, head_dim=16, summaries=("kmin", "nope"))
 
 
 def test_a_new_selector_works_end_to_end(registered):

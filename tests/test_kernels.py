@@ -153,6 +153,7 @@ def test_sparse_attention_triton_backend_and_auto_dispatch(monkeypatch):
     if DEV == "cuda":
         return
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert resolve("auto", q) == "torch"         # CPU without the interpreter: the torch fast path
+    from sparsekv.kernels import cpu_decode       # CPU without the interpreter: the fused kernel, else torch
+    assert resolve("auto", q) == ("cpp" if cpu_decode.available() else "torch")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         resolve("triton", q)

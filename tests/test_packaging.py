@@ -15,3 +15,12 @@ def test_import_has_no_heavy_side_effects():
     code = ("import sys, sparsekv; bad = [m for m in ('matplotlib', 'papermill', 'triton', 'transformers') "
             "if m in sys.modules]; sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0
+
+
+def test_the_cpu_kernel_source_ships_with_the_package():
+    from sparsekv.kernels import cpu_decode
+    assert cpu_decode._SOURCE.is_file() and cpu_decode._SOURCE.suffix == ".cpp"
+    import tomllib
+    from pathlib import Path
+    cfg = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert "cpu/*.cpp" in cfg["tool"]["setuptools"]["package-data"]["sparsekv.kernels"]

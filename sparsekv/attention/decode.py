@@ -5,7 +5,11 @@ Backends (forced with `backend=`, chosen by `"auto"` otherwise):
     "torch"      the vectorised CPU/GPU fast path: one indexed read per selected tile, GQA
                  groups share each K/V read, float32 softmax.
     "triton"     the paged split-K kernel of `sparsekv.kernels` (CUDA, or TRITON_INTERPRET=1).
-"auto" picks "triton" for CUDA tensors or under the interpreter, else "torch" (see dispatch.py).
+    "cpp"        the fused C++/OpenMP kernel (`sparsekv.kernels.cpu_decode`): each selected K/V
+                 row read once in place, online softmax, split-K across threads; float32 queries
+                 over float32 or bfloat16 storage (anything else takes the torch path).
+"auto" picks "triton" for CUDA tensors or under the interpreter, else "cpp" on the CPU when the
+kernel builds, else "torch" (core.backend).
 
 Shapes (H = num_kv_heads, G = query heads per kv head, Hq = H * G, D = head_dim):
     q       [Hq, D]        any float dtype; query head h reads kv head h // G
@@ -52,7 +56,7 @@ def dense_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: in
                     backend: str = "auto") -> torch.Tensor:
     """Exact decode attention of one new token over every cached token of `seq` in `layer`."""
     _check_decode_args(q, store, seq, layer)
-    return _implementation("dense", backend, q)(q, store, seq, layer)[0]
+    return _implementation("dense", backend, q, store)(q, store, seq, layer)[0]
 
 
 def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
@@ -64,7 +68,7 @@ def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: i
     """
     _check_decode_args(q, store, seq, layer)
     _check_blocks(blocks, store, seq)
-    out, lse = _implementation("sparse", backend, q)(q, store, seq, layer, blocks)
+    out, lse = _implementation("sparse", backend, q, store)(q, store, seq, layer, blocks)
     c = store.config
     traffic = attention_traffic(blocks, seq.num_tokens, c.block_size, c.head_dim, c.itemsize, q.shape[0])
     return out, AttentionResult(lse, int((blocks >= 0).sum()), traffic)
@@ -88,7 +92,7 @@ def batch_attention(q: torch.Tensor, store: BlockStore, seqs: list[Sequence], la
         _check_decode_args(q[b], store, seq, layer)
         if blocks is not None:
             _check_blocks(blocks[b], store, seq)
-    return _implementation("batch", backend, q)(q, store, seqs, layer, blocks)
+    return _implementation("batch", backend, q, store)(q, store, seqs, layer, blocks)
 
 
 def all_blocks(store: BlockStore, seq: Sequence) -> torch.Tensor:
@@ -107,7 +111,7 @@ def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: 
     causal offset of the cached prefix, so it never forms the [Hq, T, N] scores on the CPU's
     flash path.
     """
-    return _implementation("prefill", backend, q)(q, store, seq, layer)
+    return _implementation("prefill", backend, q, store)(q, store, seq, layer)
 
 
 def _prefill_sdpa(q, store, seq, layer):
@@ -194,8 +198,9 @@ def _sparse_reference(q, store, seq, layer, blocks):
             if j < 0:
                 continue
             n = min(c.block_size, seq.num_tokens - j * c.block_size)   # valid rows of block j
-            ks.append(store.k[layer, table[j], h, :n])
-            vs.append(store.v[layer, table[j], h, :n])
+            idx = torch.tensor([table[j]], device=q.device)
+            ks.append(store.tiles("k", layer, idx)[0, h, :n])
+            vs.append(store.tiles("v", layer, idx)[0, h, :n])
         k, v = torch.cat(ks).to(cd), torch.cat(vs).to(cd)                 # [n_sel, D]
         s = q[h * G:(h + 1) * G].to(cd) @ k.T / math.sqrt(D)              # [G, n_sel]
         lses.append(torch.logsumexp(s, -1))
@@ -223,8 +228,12 @@ def _sparse_torch_batch(q, store, seqs, layer, blocks):
         phys[b] = store.block_table(seq)[sel[b].clamp(min=0)]
     rows = (phys + torch.arange(H, device=q.device)[None, :, None] * c.num_blocks).view(-1)
     ws = store.workspace
-    kt = torch.index_select(_rows_view(store.k, layer, c), 0, rows, out=ws.take("k", (B * H * K, bs, D), c.dtype))
-    vt = torch.index_select(_rows_view(store.v, layer, c), 0, rows, out=ws.take("v", (B * H * K, bs, D), c.dtype))
+    kt = torch.index_select(_rows_view(store.k, layer, c), 0, rows, out=ws.take("k", (B * H * K, bs, D), store.k.dtype))
+    vt = torch.index_select(_rows_view(store.v, layer, c), 0, rows, out=ws.take("v", (B * H * K, bs, D), store.v.dtype))
+    if store.quantized:                                  # int8 codes times their per-token scales
+        ks = torch.index_select(store.k_scale[layer].transpose(0, 1).reshape(-1, bs), 0, rows)
+        vs = torch.index_select(store.v_scale[layer].transpose(0, 1).reshape(-1, bs), 0, rows)
+        kt, vt = kt.to(cd) * ks[..., None], vt.to(cd) * vs[..., None]
     kt, vt = kt.view(B * H, K * bs, D), vt.view(B * H, K * bs, D)
     pos = sel.clamp(min=0)[..., None] * bs + torch.arange(bs, device=q.device)      # [B, H, K, bs]
     ok = ((pos < ntok[:, None, None, None]) & (sel[..., None] >= 0)).view(B * H, 1, K * bs)
@@ -268,11 +277,16 @@ def _dense_torch(q, store, seq, layer):
     qg = q.view(H, G, D).to(cd)
     kh, vh = store.k[layer].transpose(0, 1), store.v[layer].transpose(0, 1)   # [H, NB, bs, D] views
     outs, lses = [], []
-    for first, p0, n in _pieces(store.physical_runs(seq), convert=c.dtype != cd, H=H, bs=bs, D=D):
+    convert = store.k.dtype != cd
+    for first, p0, n in _pieces(store.physical_runs(seq), convert=convert, H=H, bs=bs, D=D):
         k = kh[:, p0:p0 + n].reshape(H, n * bs, D)                        # views: contiguous per head
         v = vh[:, p0:p0 + n].reshape(H, n * bs, D)
         valid = min(n * bs, N - first * bs)                                # only the last run is partial
         k, v = k[:, :valid], v[:, :valid]
+        if store.quantized:                                                # int8 codes times per-token scales
+            ks = store.k_scale[layer].transpose(0, 1)[:, p0:p0 + n].reshape(H, n * bs)[:, :valid]
+            vs = store.v_scale[layer].transpose(0, 1)[:, p0:p0 + n].reshape(H, n * bs)[:, :valid]
+            k, v = k.to(cd) * ks[..., None], v.to(cd) * vs[..., None]
         s = torch.bmm(qg, k.to(cd).transpose(1, 2), out=store.workspace.take("s", (H, G, valid), cd))
         s.mul_(1.0 / math.sqrt(D))
         lse = torch.logsumexp(s, -1, keepdim=True)                         # [H, G, 1]
@@ -330,6 +344,35 @@ def _over_all_blocks(sparse_fn):
     return lambda q, store, seq, layer: sparse_fn(q, store, seq, layer, all_blocks(store, seq))
 
 
+def cpp_applies(q: torch.Tensor, store: BlockStore) -> bool:
+    """Whether the fused CPU kernel handles this call: a float32 or bf16 query on the CPU over float32 or
+    bf16 storage (float64 queries, the reference's, and int8 or fp16 storage take the torch path)."""
+    return (q.dtype in (torch.float32, torch.bfloat16) and q.device.type == "cpu" and not store.quantized
+            and store.k.dtype in (torch.float32, torch.bfloat16))
+
+
+def _sparse_cpp(q, store, seq, layer, blocks):
+    """The fused kernel over `blocks` (padding -1 skipped); the torch path where it does not apply."""
+    if not cpp_applies(q, store):
+        return _sparse_torch(q, store, seq, layer, blocks)
+    from ..kernels.cpu_decode import paged_decode
+    k, v = store.k[layer].transpose(0, 1), store.v[layer].transpose(0, 1)        # [H, NB, bs, D], contiguous
+    out, lse = paged_decode(q.float().contiguous(), k, v, store.block_table(seq), blocks.contiguous(), seq.num_tokens)
+    return out.to(q.dtype), lse
+
+
+def _dense_cpp(q, store, seq, layer):
+    if not cpp_applies(q, store):
+        return _dense_torch(q, store, seq, layer)
+    return _sparse_cpp(q, store, seq, layer, all_blocks(store, seq))     # [H, nb] ids: a few KiB
+
+
+def _batch_cpp(q, store, seqs, layer, blocks):
+    pairs = [(_dense_cpp(q[b], store, s, layer) if blocks is None else _sparse_cpp(q[b], store, s, layer, blocks[b]))
+             for b, s in enumerate(seqs)]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
 # The one dispatch table: backend -> phase -> implementation (None: the backend has no such path).
 # Every entry point resolves its backend once (core.backend) and looks the implementation up here.
 IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
@@ -338,13 +381,19 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "torch": {"dense": _dense_torch, "sparse": _sparse_torch, "batch": _batch_torch, "prefill": _prefill_torch},
     "triton": {"dense": _over_all_blocks(_sparse_triton), "sparse": _sparse_triton, "batch": _batch_triton,
                "prefill": None},
+    "cpp": {"dense": _dense_cpp, "sparse": _sparse_cpp, "batch": _batch_cpp, "prefill": None},
 }
 
 
-def _implementation(phase: str, backend: str, x: torch.Tensor) -> Callable:
+def _implementation(phase: str, backend: str, x: torch.Tensor, store: BlockStore | None = None) -> Callable:
     """The implementation of `phase` for `backend`. An explicit backend without that phase is an error;
-    "auto" takes the torch path wherever the backend it resolves to has none (prefill on triton)."""
+    "auto" takes the torch path wherever the backend it resolves to has none (prefill on triton, and
+    every phase on an int8 store: the Triton kernels read float K/V)."""
     check_choice("backend", backend, BACKENDS)
+    quantized = store is not None and store.quantized
+    if backend == "triton" and quantized:
+        raise ValueError("backend 'triton' reads float K/V; this store holds int8 (kv_bits=8): use 'torch' or 'reference'")
     if backend != "auto" and IMPLEMENTATIONS[backend][phase] is None:
         raise ValueError(f"backend {backend!r} has no {phase} kernel yet; use 'auto', 'torch' or 'reference'")
-    return IMPLEMENTATIONS[resolve(backend, x)][phase] or IMPLEMENTATIONS["torch"][phase]
+    resolved = "torch" if backend == "auto" and quantized else resolve(backend, x)
+    return IMPLEMENTATIONS[resolved][phase] or IMPLEMENTATIONS["torch"][phase]

@@ -22,7 +22,8 @@ from ..core.checks import check_int
 from ..core.traffic import INDEX_BYTES, StepTraffic, attention_traffic, dense_traffic
 from ..routing.router import Router, Selection
 from ..storage.store import BlockStore, Sequence
-from .decode import AttentionResult, _dense_torch, _sparse_torch
+from ..core.backend import cpp_available
+from .decode import IMPLEMENTATIONS, AttentionResult
 
 
 @dataclass
@@ -41,24 +42,25 @@ class DecodePlan:
     num_tokens: int
     table: torch.Tensor                   # [nb] physical block ids in logical order
     dense_bytes: StepTraffic              # what one dense layer reads this step (byte model)
+    backend: str = "torch"                # "cpp" (the fused CPU kernel) or "torch", chosen once per step
 
     def dense(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Exact attention over every cached token, in place: [Hq, D]."""
-        return _dense_torch(q, self.store, self.seq, layer)[0]
+        return IMPLEMENTATIONS[self.backend]["dense"](q, self.store, self.seq, layer)[0]
 
     def route(self, router: Router, layer: int, q: torch.Tensor) -> Selection:
         return router.select_planned(q, self.store, self.seq, layer, self.table)
 
     def sparse(self, layer: int, q: torch.Tensor, blocks: torch.Tensor) -> tuple[torch.Tensor, AttentionResult]:
         """Attention over a router's selection `blocks` [H, K]: output [Hq, D] and what it read."""
-        out, lse = _sparse_torch(q, self.store, self.seq, layer, blocks)
+        out, lse = IMPLEMENTATIONS[self.backend]["sparse"](q, self.store, self.seq, layer, blocks)
         c = self.store.config
         traffic = attention_traffic(blocks, self.num_tokens, c.block_size, c.head_dim, c.itemsize, self.num_q_heads)
         picked = traffic.index_bytes // (2 * INDEX_BYTES)               # tiles read (counted once, above)
         return out, AttentionResult(lse, picked, traffic)
 
 
-def plan_decode(store: BlockStore, seq: Sequence, num_q_heads: int) -> DecodePlan:
+def plan_decode(store: BlockStore, seq: Sequence, num_q_heads: int, backend: str = "auto") -> DecodePlan:
     """Validate one decode step of `seq` and lay it out (see the module docstring)."""
     if not isinstance(store, BlockStore):
         raise TypeError(f"store must be a BlockStore, got {type(store).__name__}")
@@ -69,6 +71,11 @@ def plan_decode(store: BlockStore, seq: Sequence, num_q_heads: int) -> DecodePla
         raise ValueError(f"num_q_heads must be a multiple of num_kv_heads={c.num_kv_heads}, got {num_q_heads}")
     if seq.num_tokens == 0:
         raise ValueError("seq holds no tokens; reserve the step's slot before planning it")
+    if backend not in ("auto", "torch", "cpp"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'cpp' for a decode plan, got {backend!r}")
+    if backend == "auto":
+        backend = "cpp" if c.device.type == "cpu" and not store.quantized and cpp_available() else "torch"
     store.physical_runs(seq)                 # built once here, cached for every layer's dense path
     return DecodePlan(store, seq, num_q_heads, seq.num_tokens, store.block_table(seq),
-                      dense_traffic(seq.num_tokens, c.num_kv_heads, c.block_size, c.head_dim, c.itemsize, num_q_heads))
+                      dense_traffic(seq.num_tokens, c.num_kv_heads, c.block_size, c.head_dim, c.itemsize, num_q_heads),
+                      backend)

@@ -3,9 +3,10 @@
     "reference"  plain torch: the readable definition
     "torch"      the vectorised torch fast path
     "triton"     `sparsekv.kernels`: on CUDA, or on the CPU under the Triton interpreter
+    "cpp"        the fused C++/OpenMP decode kernel (`sparsekv.kernels.cpu_decode`), CPU tensors
     "auto"       "triton" for CUDA tensors, or on the CPU while TRITON_INTERPRET=1 (the
                  interpreter needs it set both when the kernels are imported and while they
-                 run); "torch" otherwise
+                 run); otherwise "cpp" on the CPU when the kernel builds, else "torch"
 
 Importing sparsekv never imports triton; this module looks for it only when asked.
 """
@@ -19,7 +20,7 @@ import torch
 
 from .checks import check_choice
 
-BACKENDS = ("auto", "reference", "torch", "triton")
+BACKENDS = ("auto", "reference", "torch", "triton", "cpp")
 
 
 @functools.lru_cache(maxsize=1)          # asked on every decode call: look it up once
@@ -45,7 +46,13 @@ def resolve(backend: str, x: torch.Tensor) -> str:
     if backend == "auto":
         if triton_installed() and (x.is_cuda or _interpreting()):
             return "triton"
-        return "torch"
+        return "cpp" if x.device.type == "cpu" and cpp_available() else "torch"
+    if backend == "cpp":
+        if x.device.type != "cpu":
+            raise ValueError(f"backend 'cpp' runs on CPU tensors, got {x.device}")
+        if not cpp_available():
+            from ..kernels import cpu_decode
+            raise ValueError(f"backend 'cpp' is unavailable: {cpu_decode.reason()}")
     if backend == "triton":
         if not triton_installed():
             raise ValueError("backend 'triton' needs the triton package (pip install triton)")
@@ -53,6 +60,12 @@ def resolve(backend: str, x: torch.Tensor) -> str:
             raise ValueError("backend 'triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1 "
                              "before importing sparsekv.kernels, and keep it set while they run")
     return backend
+
+
+def cpp_available() -> bool:
+    """Whether the fused CPU decode kernel is built (builds it on first call; False after one warning)."""
+    from ..kernels import cpu_decode
+    return cpu_decode.available()
 
 
 def _interpreting() -> bool:

@@ -107,3 +107,75 @@ def routed_traffic(num_tokens: int, budget_tokens: int, num_kv_heads: int, block
         index_bytes=(nb + 2 * k * num_kv_heads) * INDEX_BYTES,
         qo_bytes=2 * num_q_heads * head_dim * itemsize,
     )
+
+
+# -- equal bytes across cache families ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CacheBytes:
+    """What a cache costs for one sequence, over all layers.
+
+    held: bytes kept in memory (K/V or their codes, scales and zero-points, summaries);
+    read: bytes one decode step reads (the same parts, for what the step touches). Indices and q/o are
+    left out on every side: they are the same for every method and small.
+    """
+
+    held: int
+    read: int
+
+
+FAMILIES = ("dense", "evict", "quant", "lossless")
+
+
+def cache_bytes(family: str, *, layers: int, kv_heads: int, head_dim: int, tokens: int, itemsize: int = 4,
+                kept: int | None = None, bits: int | None = None, group: int = 64, residual: int = 0,
+                block_size: int = 16, kv_bits: int = 0, budget: int | None = None, summaries_held: int = 0,
+                summaries_read: int = 0, scale_itemsize: int = 4) -> CacheBytes:
+    """The one byte model for comparing caches at equal bytes (notebook 09's x-axes).
+
+    family:
+      "dense"    a contiguous cache of all `tokens` (transformers' DynamicCache): every row held and read.
+      "evict"    an eviction press kept `kept` tokens (context survivors plus everything fed after): held = read.
+      "quant"    `tokens - residual` tokens as `bits`-bit codes with a scale and a zero-point per `group`
+                 channels (transformers' QuantizedCache, HQQ), the last `residual` in full precision;
+                 held = read (dequantising reads every code, scale and zero-point).
+      "lossless" sparsekv's store: whole blocks of `block_size` tokens (a partial last block holds a full
+                 tile), K/V in `itemsize` bytes or, with kv_bits=8, int8 codes plus a float scale per
+                 (token, kv head); `summaries_held` head_dim vectors per (block, kv head) kept. A step reads
+                 every row (budget None) or the rows of K = max(2, budget // block_size) blocks (the sink,
+                 the local block and the best others, as `Router` selects), plus `summaries_read` vectors
+                 per (block, kv head) to score them.
+    Each count is per (layer, kv head) and multiplied by `layers * kv_heads`.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    for name, x in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim), ("tokens", tokens)):
+        if not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a positive int, got {x!r}")
+    lh, D = layers * kv_heads, head_dim
+    if family == "dense":
+        b = lh * 2 * tokens * D * itemsize
+        return CacheBytes(b, b)
+    if family == "evict":
+        if kept is None or not 0 < kept <= tokens:
+            raise ValueError(f"kept must be in [1, tokens={tokens}] for 'evict', got {kept!r}")
+        b = lh * 2 * kept * D * itemsize
+        return CacheBytes(b, b)
+    if family == "quant":
+        if bits not in (1, 2, 3, 4, 8) or not 0 <= residual <= tokens or D % group:
+            raise ValueError(f"'quant' needs bits in (1, 2, 3, 4, 8), 0 <= residual <= tokens and group dividing "
+                             f"head_dim; got bits={bits!r}, residual={residual}, group={group}")
+        nq = tokens - residual
+        per = -(-nq * D * bits // 8) + (nq * D // group) * 2 * scale_itemsize + residual * D * itemsize
+        b = lh * 2 * per
+        return CacheBytes(b, b)
+    if kv_bits not in (0, 8):
+        raise ValueError(f"kv_bits must be 0 or 8, got {kv_bits!r}")
+    row = D * (1 if kv_bits == 8 else itemsize) + (scale_itemsize if kv_bits == 8 else 0)
+    nb = -(-tokens // block_size)
+    held = lh * nb * (2 * block_size * row + summaries_held * D * itemsize)
+    if budget is None:
+        return CacheBytes(held, lh * 2 * tokens * row)
+    k = min(nb, max(2, budget // block_size))
+    rows = (k - 1) * block_size + tokens - (nb - 1) * block_size      # the last (local) block is partial
+    return CacheBytes(held, lh * (2 * rows * row + nb * summaries_read * D * itemsize))

@@ -89,6 +89,7 @@ class EngineConfig:
     chunk_size: int = 512                      # prefill chunk, tokens
     dense_layers: int = 0                      # leading attention layers decoded densely (Quest keeps 2)
     kv_dtype: torch.dtype | None = None        # K/V storage dtype; None: the model's dtype
+    kv_bits: int = 0                           # 8: K/V held as int8 with per-token scales (StoreConfig.kv_bits)
     prefix_cache: bool = False                 # share full prompt blocks across sequences
     cache_policy: str = "lru"                  # eviction policy name (storage.eviction)
     cache_high_watermark: float | None = None  # with prefix_cache: evict down to the low watermark in
@@ -128,7 +129,7 @@ class Engine:
         self.record_selections = record_selections
         self.store = BlockStore(StoreConfig(num_layers=max(1, len(c.attn_layers)), num_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
                                             block_size=block_size, num_blocks=num_blocks,
-                                            dtype=kv_dtype or model.dtype))
+                                            dtype=kv_dtype or model.dtype, kv_bits=cfg.kv_bits))
         self._states: dict[int, _State] = {}
         self.prefix_cache = None
         if prefix_cache:

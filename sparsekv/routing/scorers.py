@@ -14,6 +14,7 @@ import torch
 from ..core import registry
 from ..core.traffic import key_traffic, summary_traffic
 from ..storage.store import BlockStore, Sequence
+from ..storage.summaries import summary_vectors
 from .mass import block_attention_mass
 
 
@@ -36,13 +37,19 @@ class Scorer:
     backend is "reference", "torch" or "triton"; scorers without a kernel (repr, oracle and
     the query-blind ones) run their torch path under "triton".
 
-    `query_aware` scorers can drive top_p and threshold; `summary_vectors` is how many
-    head_dim vectors per (kv head, block) a scorer reads (for traffic accounting).
+    `query_aware` scorers can drive top_p and threshold. `reads` names the per-block summaries
+    (`storage.summaries`) a scorer reads; the byte model charges it their vectors per tile
+    (`vectors`). A scorer reading something else sets `summary_vectors` or overrides `score_bytes`.
     """
 
     name = ""
     query_aware = True
+    reads: tuple[str, ...] = ()
     summary_vectors = 0
+
+    def vectors(self, config) -> int:
+        """head_dim vectors this scorer reads per (kv head, block) under `config` (a StoreConfig)."""
+        return summary_vectors(self.reads, config) if self.reads else self.summary_vectors
 
     def logits(self, inp: ScoreInput, backend: str, generator: torch.Generator) -> torch.Tensor:
         raise NotImplementedError
@@ -51,7 +58,7 @@ class Scorer:
         """Summary bytes this scorer reads for `seq` (the byte model: `core.traffic`)."""
         c = store.config
         tiles = seq.num_blocks * c.num_kv_heads
-        return summary_traffic(tiles, self.summary_vectors, c.head_dim, c.itemsize).summary_bytes
+        return summary_traffic(tiles, self.vectors(c), c.head_dim, c.itemsize).summary_bytes
 
 
 def _summary_logits(q: torch.Tensor, summary: torch.Tensor, inp: ScoreInput) -> torch.Tensor:
@@ -86,7 +93,7 @@ class MinMaxScorer(Scorer):
     beyond the summaries themselves.
     """
 
-    name, summary_vectors = "minmax", 2
+    name, reads = "minmax", ("kmin", "kmax")
 
     def logits(self, inp, backend, generator):
         q = inp.q
@@ -105,7 +112,7 @@ class MinMaxScorer(Scorer):
 class MeanScorer(Scorer):
     """MoBA's q . mean-key. Reads the per-block kmean summary (1 vector per tile)."""
 
-    name, summary_vectors = "mean", 1
+    name, reads = "mean", ("kmean",)
 
     def logits(self, inp, backend, generator):
         if backend == "triton":
@@ -123,12 +130,7 @@ class ReprScorer(Scorer):
     (L2) from the block mean, chosen at write time (r vectors per tile).
     """
 
-    name = "repr"
-
-    def score_bytes(self, store, seq):
-        c = store.config
-        tiles = seq.num_blocks * c.num_kv_heads
-        return summary_traffic(tiles, c.repr_keys, c.head_dim, c.itemsize).summary_bytes
+    name, reads = "repr", ("krepr",)
 
     def logits(self, inp, backend, generator):
         c = inp.store.config

@@ -10,6 +10,7 @@ Physical layout, per layer (one contiguous slab per (layer, block, kv head)):
                 (min/max/mean are stored head-major: `kmax[l].transpose(0, 1)` is a
                 contiguous [num_kv_heads, num_blocks, head_dim] matrix per layer)
     krepr     : [num_layers, num_blocks, num_kv_heads, repr_keys, head_dim]    config.dtype
+    (the summaries are the registry `storage.summaries`; `config.summaries` names those kept)
 
 A selected block of one kv head is therefore a single `block_size * head_dim` run of
 memory, which is what a gather or a kernel wants to read. The summaries are what the
@@ -29,9 +30,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .block_pool import BlockPool, StoreFullError
+from .summaries import DEFAULT_SUMMARIES, SUMMARIES, Tiles, make_summary
 from ..core.checks import check_int, check_tensor
 from ..core.workspace import Workspace
 
+SCALE_BYTES = 4        # one float32 scale per (token, kv head) and tensor when kv_bits == 8
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -46,11 +49,15 @@ class StoreConfig:
     dtype: torch.dtype | str = torch.float32   # storage dtype of K, V and the summaries
     device: torch.device | str = "cpu"
     repr_keys: int = 4       # representative keys kept per block for the `repr` scorer (0: none)
+    summaries: tuple[str, ...] = DEFAULT_SUMMARIES   # per-block summaries kept (names in `SUMMARIES`)
+    kv_bits: int = 0         # 0: K/V stored in `dtype`; 8: int8 codes, one float32 scale per (token, kv head)
 
     def __post_init__(self):
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size", "num_blocks"):
             check_int(name, getattr(self, name), lo=1)
         check_int("repr_keys", self.repr_keys, lo=0)
+        if self.kv_bits not in (0, 8) or isinstance(self.kv_bits, bool):
+            raise ValueError(f"kv_bits must be 0 (K/V in dtype) or 8 (int8 with per-token scales), got {self.kv_bits!r}")
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if isinstance(self.dtype, str):
@@ -61,6 +68,12 @@ class StoreConfig:
             raise TypeError(f"dtype must be a floating torch.dtype, got {self.dtype!r}")
         self.device = torch.device(self.device)
         self.repr_keys = min(self.repr_keys, self.block_size)
+        if isinstance(self.summaries, str) or not all(isinstance(n, str) for n in self.summaries):
+            raise TypeError(f"summaries must be a tuple of summary names, got {self.summaries!r}")
+        self.summaries = tuple(self.summaries)
+        unknown = [n for n in self.summaries if n not in SUMMARIES]
+        if unknown or len(set(self.summaries)) != len(self.summaries):
+            raise ValueError(f"summaries must be distinct names from {sorted(SUMMARIES)}, got {self.summaries!r}")
 
     # -- derived sizes (bytes) ----------------------------------------------------------
     @property
@@ -68,14 +81,19 @@ class StoreConfig:
         return torch.empty((), dtype=self.dtype).element_size()
 
     @property
+    def kv_itemsize(self) -> int:
+        """Bytes per stored K or V element (1 for int8 codes)."""
+        return 1 if self.kv_bits == 8 else self.itemsize
+
+    @property
     def tile_bytes(self) -> int:
-        """Bytes of one K (or V) tile: one block of one kv head in one layer."""
-        return self.block_size * self.head_dim * self.itemsize
+        """Bytes of one K (or V) tile: one block of one kv head in one layer, with its scales when int8."""
+        return self.block_size * (self.head_dim * self.kv_itemsize + (SCALE_BYTES if self.kv_bits == 8 else 0))
 
     @property
     def summary_bytes_per_tile(self) -> int:
         """Bytes of the min, max and mean summaries of one tile (what minmax+mean read)."""
-        return 3 * self.head_dim * self.itemsize
+        return sum(make_summary(n).bytes_per_tile(self) for n in ("kmin", "kmax", "kmean"))
 
 
 @dataclass
@@ -136,33 +154,37 @@ class BlockStore:
     7. Rejected calls change nothing: every argument is checked, and every block that will be
        needed is counted against the free pool, before any state is touched. Running out
        raises `StoreFullError(needed, free)`.
-    8. Summaries (min, max, mean, representatives) of every written block equal those
-       computed from its valid tokens, per layer and kv head, after every write.
+    8. Summaries (those named in `config.summaries`, from the `storage.summaries` registry) of
+       every written block equal those computed from its valid tokens, per layer and kv head,
+       after every write.
     """
 
     def __init__(self, config: StoreConfig):
         if not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         c = self.config = config
-        tile = (c.num_layers, c.num_blocks, c.num_kv_heads)
         kw = dict(dtype=c.dtype, device=c.device)
         # K/V have the documented shape [L, NB, H, bs, D] but live head-major in memory
         # ([L, H, NB, bs, D] contiguous): every tile is one contiguous bs x D slab, and a run of
         # consecutive physical blocks of one kv head is one contiguous [n * bs, D] matrix, which
         # dense decode multiplies without copying.
         def tiles():
+            dtype = torch.int8 if c.kv_bits == 8 else c.dtype
             return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.block_size, c.head_dim,
-                               **kw).transpose(1, 2)
+                               dtype=dtype, device=c.device).transpose(1, 2)
 
         self.k, self.v = tiles(), tiles()
-        # Summaries have the documented shape [L, NB, H, D] but live head-major in memory
-        # ([L, H, NB, D] contiguous), so a scorer multiplies a query head against one
-        # contiguous [NB, D] matrix per kv head instead of gathering a copy each step.
-        def head_major():
-            return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.head_dim, **kw).transpose(1, 2)
-
-        self.kmin, self.kmax, self.kmean = head_major(), head_major(), head_major()
-        self.krepr = torch.zeros(*tile, c.repr_keys, c.head_dim, **kw)
+        # int8 K/V: a symmetric scale per (token, kv head), [L, NB, H, bs] float32 (head-major like K/V);
+        # the value of a stored element is code * scale. None for float storage.
+        self.k_scale = self.v_scale = None
+        if c.kv_bits == 8:
+            def scales():
+                return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.block_size,
+                                   dtype=torch.float32, device=c.device).transpose(1, 2)
+            self.k_scale, self.v_scale = scales(), scales()
+        # Each summary allocates its own storage (`storage.summaries`: [L, NB, H, *extra, D]).
+        self._summaries = {n: make_summary(n) for n in c.summaries}
+        self._summary_data = {n: s.allocate(c) for n, s in self._summaries.items()}
         self.pool = BlockPool(c.num_blocks)
         self._fill = [0] * c.num_blocks          # valid tokens in each physical block
         self._seqs: dict[int, Sequence] = {}
@@ -307,20 +329,62 @@ class BlockStore:
         check_int("layer", layer, lo=0, hi=c.num_layers - 1)
         table = self.block_table(seq)
 
-        def _one(x):  # [n, H, bs, D] -> [n * bs, H, D] -> first num_tokens rows
-            t = x[layer, table].transpose(1, 2).reshape(-1, c.num_kv_heads, c.head_dim)
+        def _one(which):  # [n, H, bs, D] -> [n * bs, H, D] -> first num_tokens rows
+            t = self.tiles(which, layer, table).transpose(1, 2).reshape(-1, c.num_kv_heads, c.head_dim)
             return t[: seq.num_tokens]
 
-        return _one(self.k), _one(self.v)
+        return _one("k"), _one("v")
+
+    @property
+    def quantized(self) -> bool:
+        """True when K/V are int8 codes with per-token scales (`config.kv_bits == 8`)."""
+        return self.k_scale is not None
+
+    def tiles(self, which: str, layer: int, idx: torch.Tensor) -> torch.Tensor:
+        """K or V tiles of physical blocks `idx` in `layer`, [n, H, bs, D] in `config.dtype` (dequantised when int8)."""
+        codes = (self.k if which == "k" else self.v)[layer, idx]
+        if not self.quantized:
+            return codes
+        scale = (self.k_scale if which == "k" else self.v_scale)[layer, idx]
+        return (codes.float() * scale[..., None]).to(self.config.dtype)
 
     # -- bytes --------------------------------------------------------------------------
     def kv_bytes(self) -> int:
-        """Bytes of the K and V pools (all layers, all blocks)."""
-        return (self.k.numel() + self.v.numel()) * self.k.element_size()
+        """Bytes of the K and V pools (all layers, all blocks), int8 scales included."""
+        scales = 0 if not self.quantized else (self.k_scale.numel() + self.v_scale.numel()) * SCALE_BYTES
+        return (self.k.numel() + self.v.numel()) * self.k.element_size() + scales
+
+    def sequence_bytes(self, seq: Sequence) -> int:
+        """Bytes the store holds for `seq`: its blocks' K/V (and scales) and summaries, all layers.
+
+        Whole blocks: a partial last block holds its full tile. Shared blocks count in full for each
+        sequence that holds them.
+        """
+        self.check_seq(seq)
+        c = self.config
+        tiles = c.num_layers * seq.num_blocks * c.num_kv_heads
+        per_tile = sum(s.bytes_per_tile(c) for s in self._summaries.values())
+        return tiles * (2 * c.tile_bytes + per_tile)
 
     def summary_bytes(self) -> int:
-        """Bytes of all per-block summaries (min, max, mean, representatives), reported apart from KV."""
-        return sum(t.numel() * t.element_size() for t in (self.kmin, self.kmax, self.kmean, self.krepr))
+        """Bytes of all per-block summaries the store keeps, reported apart from KV."""
+        return sum(t.numel() * t.element_size() for t in self._summary_data.values())
+
+    # -- summaries ----------------------------------------------------------------------
+    def summary(self, name: str) -> torch.Tensor:
+        """The summary `name` for every (layer, block, kv head): [L, NB, H, *extra, D] in `config.dtype`.
+
+        Read-only for callers; ValueError if this store does not keep it (`StoreConfig.summaries`).
+        """
+        if name not in self._summary_data:
+            raise ValueError(f"this store keeps no {name!r} summary; StoreConfig.summaries is "
+                             f"{self.config.summaries!r} (add {name!r} to read it)")
+        return self._summary_data[name]
+
+    kmin = property(lambda self: self.summary("kmin"), doc="[L, NB, H, D] channel-wise key minimum per tile.")
+    kmax = property(lambda self: self.summary("kmax"), doc="[L, NB, H, D] channel-wise key maximum per tile.")
+    kmean = property(lambda self: self.summary("kmean"), doc="[L, NB, H, D] mean key per tile.")
+    krepr = property(lambda self: self.summary("krepr"), doc="[L, NB, H, r, D] representative keys per tile.")
 
     def check_seq(self, seq, name: str = "seq") -> None:
         """Raise TypeError/ValueError unless `seq` is a live sequence of this store."""
@@ -351,7 +415,7 @@ class BlockStore:
 
     def _copy_on_write(self, src: int) -> int:
         (dst,) = self.pool.allocate(1)
-        for t in (self.k, self.v, self.kmin, self.kmax, self.kmean, self.krepr):
+        for t in (self.k, self.v, *self._summary_data.values(), *([self.k_scale, self.v_scale] if self.quantized else [])):
             t[:, dst] = t[:, src]
         self._fill[dst] = self._fill[src]
         self.pool.decref([src])
@@ -359,33 +423,39 @@ class BlockStore:
 
     def _write(self, res: Reservation, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         # Advanced indices separated by a slice: the indexed view is [T, H, D].
-        self.k[layer][res.block, :, res.offset] = k
-        self.v[layer][res.block, :, res.offset] = v
+        if self.quantized:
+            for codes, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+                q, scale = quantize_int8(x)
+                codes[layer][res.block, :, res.offset] = q
+                scales[layer][res.block, :, res.offset] = scale
+        else:
+            self.k[layer][res.block, :, res.offset] = k
+            self.v[layer][res.block, :, res.offset] = v
         self._refresh_summaries(layer, list(res.touched))
 
     def _refresh_summaries(self, layer: int, blocks: list[int]) -> None:
         """Recompute the summaries of `blocks` in `layer` from their valid rows (invariant 8)."""
+        if not self._summaries:
+            return
         c = self.config
         idx = torch.tensor(blocks, dtype=torch.long, device=c.device)
-        tiles = self.k[layer, idx].float()                                   # [n, H, bs, D]
         fill = torch.tensor([self._fill[b] for b in blocks], device=c.device)
-        valid = (torch.arange(c.block_size, device=c.device)[None, :] < fill[:, None])[:, None, :, None]
-        kmin = torch.where(valid, tiles, torch.inf).amin(2)                  # [n, H, D]
-        kmax = torch.where(valid, tiles, -torch.inf).amax(2)
-        kmean = torch.where(valid, tiles, 0.0).sum(2) / fill[:, None, None]
-        self.kmin[layer, idx] = kmin.to(c.dtype)
-        self.kmax[layer, idx] = kmax.to(c.dtype)
-        self.kmean[layer, idx] = kmean.to(c.dtype)
-        if c.repr_keys:
-            # Rule: the r keys farthest (L2) from the block mean, i.e. the keys the mean
-            # summary represents worst. Partial blocks with fewer than r keys repeat row 0.
-            dist = (tiles - kmean[:, :, None]).norm(dim=-1)                   # [n, H, bs]
-            dist = torch.where(valid[..., 0], dist, -torch.inf)
-            top = dist.topk(c.repr_keys, dim=-1).indices                     # [n, H, r]
-            rank = torch.arange(c.repr_keys, device=c.device)
-            top = torch.where(rank[None, None, :] < fill[:, None, None], top, 0)
-            rep = torch.gather(tiles, 2, top[..., None].expand(-1, -1, -1, c.head_dim))
-            self.krepr[layer, idx] = rep.to(c.dtype)
+        tiles = Tiles.of(self.tiles("k", layer, idx).float(), fill)          # values [n, H, bs, D]
+        for name, summary in self._summaries.items():
+            self._summary_data[name][layer, idx] = summary.compute(tiles, c).to(c.dtype)
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per (token, kv head): x [T, H, D] float -> (codes [T, H, D] int8, scale [T, H] float32).
+
+    scale = max|x| / 127 over D (1 where a row is all zero), codes = round(x / scale) in [-127, 127];
+    |code * scale - x| <= scale / 2 elementwise.
+    """
+    xf = x.float()
+    scale = xf.abs().amax(-1) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = torch.round(xf / scale[..., None]).clamp_(-127, 127).to(torch.int8)
+    return codes, scale
 
 
 __all__ = ["StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError"]

@@ -87,3 +87,33 @@ def annotate_heatmap(ax, im, grid, fmt: str = "{:.3f}", fontsize: int = 8) -> No
             light = 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5          # relative luminance
             ax.text(j, i, fmt.format(grid[i, j]), ha="center", va="center", fontsize=fontsize,
                     color="black" if light else "white")
+
+
+PRESS_MARKERS = {"StreamingLLM": "v", "SnapKV": "^", "SnapKV+q1": "X", "TOVA": "<", "Knorm": ">",
+                 "ExpectedAttention": "p"}
+
+
+def method_style(family: str) -> dict:
+    """Matplotlib style of a notebook-09 method family: routers in their own colours (solid; dashed over
+    int8 K/V), kvpress presses in grey with one marker each (dotted), HQQ quantisation in reddish purple,
+    dense in the dense colour."""
+    if family.startswith("int8 "):
+        return {"color": router_color(family.removeprefix("int8 ")), "marker": "s", "ls": "--"}
+    if family.endswith(" qdense"):       # Quest's protocol: the question dense, only answer steps routed
+        return {"color": router_color(family.removesuffix(" qdense")), "marker": "^", "ls": "-."}
+    if family in ROUTER_COLORS:
+        return {"color": router_color(family), "marker": "o", "ls": "-"}
+    if family in PRESS_MARKERS:
+        return {"color": "#777777", "marker": PRESS_MARKERS[family], "ls": ":" if family != "SnapKV+q1" else "-."}
+    if family.startswith("HQQ"):
+        return {"color": "#CC79A7", "marker": "D", "ls": "-"}
+    return {"color": ROUTER_COLORS["dense"], "marker": "*", "ls": "none"}
+
+
+def log_axis_plain(ax, axis: str = "x") -> None:
+    """Plain numbers on a log axis (1, 2, 5, 10, ...), without the overlapping minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    a.set_minor_formatter(NullFormatter())

@@ -1,0 +1,88 @@
+"""The fused CPU decode kernel (`kernels/cpu/paged_decode.cpp`), built once with torch's C++ extension tools.
+
+Why a C++/OpenMP operator and not Triton or torch: on the CPU, the torch path gathers the selected tiles
+with `index_select` (writing them out and reading them back) and multiplies 4-row decode queries with MKL,
+far from this machine's FMA peak; Triton's CPU path is an interpreter. The operator reads each selected
+K/V row once, in place from the store's head-major pool, shares it across the G query heads of its GQA
+group, and keeps an online softmax per (kv head, split), so its cost is the bytes it must read.
+
+It is registered with `torch.library` as `torch.ops.sparsekv_cpu.paged_decode` and compiled on first use
+into `build/torch_extensions/` of the source tree (or `SPARSEKV_EXT_DIR`), with -O3, -march=native, OpenMP
+and -ffast-math (so that exp vectorises; the kernel keeps every value finite, see its kNegBig). If the build fails, `load()` returns None after one warning that names the reason, and the
+torch path runs instead.
+
+Shapes: q [Hq, D] float32; k, v [H, NB, bs, D] contiguous (one layer, head-major) float32 or bfloat16;
+table [nb] int64; blocks [H, K] int64 logical ids per head, -1 for padding (skipped).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+_SOURCE = Path(__file__).resolve().parent / "cpu" / "paged_decode.cpp"
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def build_dir() -> Path:
+    env = os.environ.get("SPARSEKV_EXT_DIR")
+    if env:
+        return Path(env)
+    root = Path(__file__).resolve().parents[1]
+    return root / "build" / "torch_extensions"
+
+
+def load():
+    """The compiled operator (torch.ops.sparsekv_cpu.paged_decode), or None if it cannot be built."""
+    with _lock:
+        if "op" in _state:
+            return _state["op"]
+        op = None
+        if os.environ.get("SPARSEKV_NO_EXT"):
+            _state["reason"] = "SPARSEKV_NO_EXT is set"
+        else:
+            try:
+                from torch.utils import cpp_extension
+                d = build_dir()
+                d.mkdir(parents=True, exist_ok=True)
+                cpp_extension.load(name="sparsekv_cpu_ext", sources=[str(_SOURCE)], build_directory=str(d),
+                                   extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+                                   extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+                op = torch.ops.sparsekv_cpu.paged_decode
+            except Exception as exc:          # a missing compiler, headers or OpenMP: fall back, say why once
+                _state["reason"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                warnings.warn(f"sparsekv: the fused CPU decode kernel could not be built ({_state['reason']}); "
+                              "decode runs on the torch path", RuntimeWarning, stacklevel=2)
+        _state["op"] = op
+        return op
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def reason() -> str | None:
+    """Why the kernel is unavailable (None when it loaded or was never tried)."""
+    return _state.get("reason")
+
+
+def splits_for(num_heads: int, width: int) -> int:
+    """Splits per kv head: enough (head, split) items for every thread twice, at least 4 blocks each
+    (`width` = entries per head; no host read of the selection is needed)."""
+    want = -(-2 * torch.get_num_threads() // num_heads)
+    return max(1, min(want, width // 4 or 1))
+
+
+def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, blocks: torch.Tensor,
+                 num_tokens: int, splits: int | None = None):
+    """(out [Hq, D] float32, lse [Hq] float32); see the module docstring for shapes."""
+    op = load()
+    if op is None:
+        raise RuntimeError(f"the fused CPU decode kernel is unavailable: {reason()}")
+    if splits is None:
+        splits = splits_for(k.shape[0], blocks.shape[1])
+    return op(q, k, v, table, blocks, num_tokens, splits)

@@ -1,0 +1,150 @@
+"""Lossy KV peers on the real model, run through transformers: kvpress eviction and quantised KV caches.
+
+The peers are the libraries themselves, not re-implementations: kvpress presses (context managers that
+compress the cache at prefill) and transformers' `QuantizedCache` with a real backend (HQQ, or quanto).
+Prompt formatting is ours, not a pipeline's: every method gets the same token ids (`turns.TwoFacts`), so
+the comparison is the cache and nothing else.
+
+Protocol for one probe and one method (kvpress's own pipeline does the same):
+1. prefill `context` (plus `turn1` when the press may see question 1) with the press active: the cache
+   is compressed once, before the question (kvpress's query-agnostic setting);
+2. feed the rest of `after` in one forward pass, at its true positions (position ids continue from the
+   uncompressed length, as kvpress does), over whatever the cache kept;
+3. return the logits of `after[:-1]` and the bytes the cache holds at the end.
+
+kvpress and the quantisation backends are optional imports (`pip install -e ".[peers]"`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .turns import TwoFacts
+
+PRESSES = ("StreamingLLMPress", "SnapKVPress", "TOVAPress", "KnormPress", "ExpectedAttentionPress")
+
+
+@dataclass(frozen=True)
+class PeerMethod:
+    """One lossy configuration.
+
+    family: "dense" (transformers' DynamicCache, nothing compressed), "evict" (a kvpress press at
+    `ratio`, the fraction of context tokens removed), or "quant" (QuantizedCache at `bits` through
+    `backend`, `group` channels per scale/zero-point, the last `residual` tokens kept in full precision).
+    sees_question: the press compresses context + question 1 (a query-aware press then knows question 1,
+    never question 2).
+    """
+
+    name: str
+    family: str
+    press: str | None = None
+    ratio: float = 0.0
+    bits: int | None = None
+    backend: str = "hqq"
+    group: int = 64
+    residual: int = 128
+    sees_question: bool = False
+
+    def __post_init__(self):
+        if self.family not in ("dense", "evict", "quant"):
+            raise ValueError(f"family must be 'dense', 'evict' or 'quant', got {self.family!r}")
+        if self.family == "evict" and (self.press is None or not 0.0 <= self.ratio < 1.0):
+            raise ValueError(f"an 'evict' method needs a press and a ratio in [0, 1), got {self.press!r}, {self.ratio}")
+        if self.family == "quant" and self.bits not in (2, 4, 8):
+            raise ValueError(f"a 'quant' method needs bits in (2, 4, 8), got {self.bits!r}")
+
+
+@dataclass
+class PeerRun:
+    logits: torch.Tensor      # [len(after) - 1, vocab] float32
+    held_bytes: int           # bytes of every tensor the cache holds after the run (all layers)
+    cached_tokens: int        # tokens in the cache (per layer and kv head) after the run
+    seconds: float            # wall time of prefill + rest
+
+
+def hf_model(folder: str | Path):
+    """The transformers model of a converted checkpoint folder (float32, SDPA attention, eval mode)."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True,
+                                                attn_implementation="sdpa").eval()
+
+
+def make_press(method: PeerMethod):
+    import kvpress
+    if not hasattr(kvpress, method.press):
+        raise ValueError(f"press must name a kvpress press, got {method.press!r}")
+    return getattr(kvpress, method.press)(compression_ratio=method.ratio)
+
+
+def make_cache(hf, method: PeerMethod):
+    from transformers import DynamicCache, QuantizedCache
+    if method.family == "quant":
+        return QuantizedCache(backend=method.backend, config=hf.config, nbits=method.bits,
+                              q_group_size=method.group, residual_length=method.residual)
+    return DynamicCache()
+
+
+def held_bytes(cache) -> tuple[int, int]:
+    """(bytes, tokens) of every tensor a DynamicCache or QuantizedCache holds, summed over layers."""
+    total, tokens = 0, 0
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+        for name in ("_quantized_keys", "_quantized_values"):
+            q = getattr(layer, name, None)
+            total += _quantized_bytes(q) if q is not None else 0
+        tokens = layer.get_seq_length() if hasattr(layer, "get_seq_length") else layer.keys.shape[-2]
+    return total, tokens
+
+
+def _quantized_bytes(q) -> int:
+    if isinstance(q, tuple):                       # HQQ: (packed codes, meta with scale and zero)
+        codes, meta = q
+        extra = sum(v.numel() * v.element_size() for v in meta.values() if isinstance(v, torch.Tensor))
+        return codes.numel() * codes.element_size() + extra
+    n = 0                                          # quanto: a QTensor with _data and _scale (and _shift)
+    for name in ("_data", "_scale", "_shift"):
+        t = getattr(q, name, None)
+        if isinstance(t, torch.Tensor):
+            n += t.numel() * t.element_size()
+        elif t is not None and hasattr(t, "_data"):
+            n += _quantized_bytes(t)
+    return n
+
+
+@torch.no_grad()
+def run(hf, probe: TwoFacts, method: PeerMethod) -> PeerRun:
+    """Prefill with the method's cache (and press), feed the rest of `after`; see the module docstring."""
+    import contextlib
+    import time
+    t0 = time.perf_counter()
+    k = len(probe.after) - 1
+    head = 0
+    if method.sees_question:
+        head = probe.answers[0][0] if probe.answers else 0    # question 1 is `after` up to its answer
+    pre = torch.tensor([probe.context + probe.after[:head]])
+    cache = make_cache(hf, method)
+    press = make_press(method) if method.family == "evict" else None
+    with press(hf) if press is not None else contextlib.nullcontext():
+        hidden = hf.model(input_ids=pre, past_key_values=cache, use_cache=True).last_hidden_state
+    parts = [hf.lm_head(hidden[0, pre.shape[1] - head:pre.shape[1]])] if head else []
+    rest = probe.after[head:k]
+    if rest:
+        pos = torch.arange(pre.shape[1], pre.shape[1] + len(rest))[None]
+        out = hf(input_ids=torch.tensor([rest]), past_key_values=cache, position_ids=pos, use_cache=True)
+        parts.append(out.logits[0])
+    logits = torch.cat(parts).float()
+    nbytes, tokens = held_bytes(cache)
+    return PeerRun(logits, nbytes, tokens, time.perf_counter() - t0)
+
+
+def residual_tokens(probe: TwoFacts, method: PeerMethod) -> int:
+    """Full-precision tokens a QuantizedCache holds after `run`: the first update (the prefill) is quantised
+    whole; the rest arrives in one chunk, which stays in the residual (HF requantises only when a later
+    update finds the residual full, and `run` makes no later update)."""
+    head = probe.answers[0][0] if method.sees_question and probe.answers else 0
+    return len(probe.after) - 1 - head

@@ -1,0 +1,157 @@
+"""Per-block key summaries, in a registry: what a router scores against instead of the keys.
+
+A summary is a small, exact function of one tile (one block of one kv head in one layer) that
+the store keeps up to date on every write. Each one says three things, and nothing else in the
+package re-derives them:
+
+1. `vectors(config)`: how many head_dim vectors it keeps per tile (its bytes per tile are
+   `vectors * head_dim * itemsize`, which is what the byte model charges a scorer that reads it);
+2. `allocate(config)`: its storage, documented shape [L, NB, H, *extra, D] in `config.dtype`
+   (`extra` is () for one vector per tile, (r,) for r vectors);
+3. `compute(tiles, config)`: its value for a batch of freshly written tiles, from their valid rows only.
+
+Built in: `kmin`, `kmax` (Quest's bound), `kmean` (MoBA) and `krepr` (InfLLM-style
+representative keys). A new summary is one subclass and `register_summary`; a store built
+with `StoreConfig(summaries=(..., "name"))` then keeps it exact, copies it on copy-on-write and
+counts its bytes, and a scorer that lists it in `reads` is charged for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core import registry
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Freshly written tiles, as every summary sees them.
+
+    values : [n, H, bs, D] float32, the tiles' rows (rows past `fill` are stale and must be ignored)
+    fill   : [n] long, valid rows per tile (1..bs; the partial last block of a sequence has fewer)
+    valid  : [n, H, bs, 1] bool, True on the valid rows
+    mean   : [n, H, D] float32, the mean of the valid rows (shared: several summaries need it)
+    """
+
+    values: torch.Tensor
+    fill: torch.Tensor
+    valid: torch.Tensor
+    mean: torch.Tensor
+
+    @classmethod
+    def of(cls, values: torch.Tensor, fill: torch.Tensor) -> "Tiles":
+        bs = values.shape[2]
+        valid = (torch.arange(bs, device=values.device)[None, :] < fill[:, None])[:, None, :, None]
+        mean = torch.where(valid, values, 0.0).sum(2) / fill[:, None, None]
+        return cls(values, fill, valid, mean)
+
+
+class Summary:
+    """Base class. Subclasses set `name` and implement `compute`; multi-vector ones override `vectors`."""
+
+    name = ""
+
+    def vectors(self, config) -> int:
+        """head_dim vectors kept per tile."""
+        return 1
+
+    def extra_shape(self, config) -> tuple[int, ...]:
+        """Axes between the kv head and head_dim: () for one vector per tile."""
+        return ()
+
+    def allocate(self, config) -> torch.Tensor:
+        """Zeroed storage with the documented shape [L, NB, H, *extra, D].
+
+        One-vector summaries live head-major in memory ([L, H, NB, D] contiguous, returned as a
+        transposed view), so a scorer multiplies a query head by one contiguous [NB, D] matrix.
+        """
+        c = config
+        extra = self.extra_shape(c)
+        kw = dict(dtype=c.dtype, device=c.device)
+        if not extra:
+            return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.head_dim, **kw).transpose(1, 2)
+        return torch.zeros(c.num_layers, c.num_blocks, c.num_kv_heads, *extra, c.head_dim, **kw)
+
+    def bytes_per_tile(self, config) -> int:
+        return self.vectors(config) * config.head_dim * config.itemsize
+
+    def compute(self, tiles: Tiles, config) -> torch.Tensor:
+        """[n, H, *extra, D] float32 summary of each tile, from its valid rows only."""
+        raise NotImplementedError
+
+
+class KeyMin(Summary):
+    """Channel-wise minimum of the block's keys (half of Quest's bound)."""
+
+    name = "kmin"
+
+    def compute(self, tiles, config):
+        return torch.where(tiles.valid, tiles.values, torch.inf).amin(2)
+
+
+class KeyMax(Summary):
+    """Channel-wise maximum of the block's keys (the other half of Quest's bound)."""
+
+    name = "kmax"
+
+    def compute(self, tiles, config):
+        return torch.where(tiles.valid, tiles.values, -torch.inf).amax(2)
+
+
+class KeyMean(Summary):
+    """Mean key of the block (MoBA's gate)."""
+
+    name = "kmean"
+
+    def compute(self, tiles, config):
+        return tiles.mean
+
+
+class KeyRepr(Summary):
+    """`config.repr_keys` representative keys: those farthest (L2) from the block mean, i.e. the keys
+    the mean represents worst. A partial block with fewer valid keys than r repeats its row 0."""
+
+    name = "krepr"
+
+    def vectors(self, config):
+        return config.repr_keys
+
+    def extra_shape(self, config):
+        return (config.repr_keys,)
+
+    def compute(self, tiles, config):
+        n, H, bs, D = tiles.values.shape
+        r = config.repr_keys
+        dist = (tiles.values - tiles.mean[:, :, None]).norm(dim=-1)          # [n, H, bs]
+        dist = torch.where(tiles.valid[..., 0], dist, -torch.inf)
+        top = dist.topk(r, dim=-1).indices                                   # [n, H, r]
+        rank = torch.arange(r, device=top.device)
+        top = torch.where(rank[None, None, :] < tiles.fill[:, None, None], top, 0)
+        return torch.gather(tiles.values, 2, top[..., None].expand(-1, -1, -1, D))
+
+
+SUMMARIES: dict[str, type[Summary]] = {}
+
+
+def register_summary(cls: type[Summary]) -> type[Summary]:
+    """Add a summary class to the registry under `cls.name` (a store may then keep it)."""
+    return registry.add(SUMMARIES, cls, Summary, "summary")
+
+
+for _cls in (KeyMin, KeyMax, KeyMean, KeyRepr):
+    register_summary(_cls)
+
+DEFAULT_SUMMARIES = ("kmin", "kmax", "kmean", "krepr")
+
+
+def make_summary(name: str) -> Summary:
+    """The registered summary `name` (ValueError naming the choices otherwise)."""
+    if name not in SUMMARIES:
+        raise ValueError(f"summary must be one of {sorted(SUMMARIES)}, got {name!r}")
+    return SUMMARIES[name]()
+
+
+def summary_vectors(names, config) -> int:
+    """head_dim vectors per tile that reading the summaries `names` costs (the byte model's input)."""
+    return sum(make_summary(n).vectors(config) for n in names)

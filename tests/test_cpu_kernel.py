@@ -1,0 +1,170 @@
+"""The fused C++/OpenMP decode kernel (`sparsekv.kernels.cpu_decode`, backend "cpp") against float64.
+
+Grid: GQA ratios 1 to 8 (3 included), head dims 64 and 128, float32 and bfloat16 storage (queries float32,
+accumulation float32), odd lengths with a partial last block, a single token, selections padded with -1,
+and a fragmented block table. Each test makes sure the kernel itself ran (the torch fallback is patched to
+fail), and the fallback is exercised by a build that fails on purpose.
+"""
+import math
+import warnings
+
+import pytest
+import torch
+
+import sparsekv as sk
+from sparsekv.attention import decode
+from sparsekv.attention.plan import plan_decode
+from sparsekv.kernels import cpu_decode
+
+pytestmark = pytest.mark.skipif(not cpu_decode.available(),
+                                reason=f"the CPU kernel did not build here: {cpu_decode.reason()}")
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-5}     # vs float64 of the *stored* values; accumulation is fp32
+
+
+@pytest.fixture
+def kernel_only(monkeypatch):
+    """Fail loudly if a call meant for the kernel falls back to the torch path."""
+    def boom(*a, **k):
+        raise AssertionError("the torch path ran where the fused kernel should have")
+    monkeypatch.setattr(decode, "_sparse_torch", boom)
+    monkeypatch.setattr(decode, "_dense_torch", boom)
+
+
+def exact(q, K, V, tokens=None):
+    """float64 attention of q [Hq, D] over K, V [N, H, D] (optionally a subset of token rows per kv head)."""
+    Hq, D = q.shape
+    H = K.shape[1]
+    G = Hq // H
+    out, lse = torch.empty(Hq, D, dtype=torch.float64), torch.empty(Hq, dtype=torch.float64)
+    for h in range(Hq):
+        kh, vh = K[:, h // G].double(), V[:, h // G].double()
+        if tokens is not None:
+            kh, vh = kh[tokens[h // G]], vh[tokens[h // G]]
+        s = q[h].double() @ kh.T / math.sqrt(D)
+        out[h], lse[h] = s.softmax(-1) @ vh, torch.logsumexp(s, -1)
+    return out, lse
+
+
+def filled(H, D, n, dtype, seed, bs=16, fragment=False):
+    g = torch.Generator().manual_seed(seed)
+    nb = -(-n // bs)
+    store = sk.BlockStore(sk.StoreConfig(num_layers=2, num_kv_heads=H, head_dim=D, block_size=bs,
+                                         num_blocks=2 * nb + 3, dtype=dtype))
+    if fragment:       # interleave with a sequence that is then freed: the table is not one physical run
+        other = store.new_sequence()
+        store.append(other, torch.zeros(2, bs * (nb + 1), H, D, dtype=dtype), torch.zeros(2, bs * (nb + 1), H, D, dtype=dtype))
+        store.free(other)
+    seq = store.new_sequence()
+    k = torch.randn(2, n, H, D, generator=g).to(dtype)
+    v = torch.randn(2, n, H, D, generator=g).to(dtype)
+    for i in range(0, n, 7):                              # appended in pieces
+        store.append(seq, k[:, i:i + 7], v[:, i:i + 7])
+    return store, seq, g
+
+
+GRID = [(G, D, dt, n) for G in (1, 2, 3, 4, 8) for D in (64, 128) for dt in (torch.float32, torch.bfloat16)
+        for n in (1, 37, 16 * 9 + 5)]
+
+
+@pytest.mark.parametrize("G,D,dtype,n", GRID)
+def test_dense_matches_float64(kernel_only, G, D, dtype, n):
+    H = 2
+    store, seq, g = filled(H, D, n, dtype, seed=G * 1000 + D + n, fragment=n > 40)
+    q = torch.randn(H * G, D, generator=g)
+    K, V = store.gather(seq, 1)
+    out = sk.dense_attention(q, store, seq, 1, backend="cpp")
+    want, wlse = exact(q, K, V)
+    assert out.dtype == torch.float32 and (out.double() - want).abs().max() < TOL[dtype]
+    _, lse = decode._dense_cpp(q, store, seq, 1)
+    assert (lse.double() - wlse).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("G,D,dtype", [(G, D, dt) for G in (1, 3, 8) for D in (64, 128)
+                                       for dt in (torch.float32, torch.bfloat16)])
+def test_sparse_matches_float64_with_padded_selections(kernel_only, G, D, dtype):
+    H, bs, n = 3, 16, 16 * 11 + 9
+    store, seq, g = filled(H, D, n, dtype, seed=G + D, fragment=True)
+    q = torch.randn(H * G, D, generator=g)
+    nb = seq.num_blocks
+    rows = []
+    for h in range(H):                                    # a different selection per head, then -1 padding
+        pick = sorted(set(torch.randperm(nb, generator=g)[:2 + h * 2].tolist()) | {0, nb - 1})
+        rows.append(pick)
+    width = max(map(len, rows))
+    blocks = torch.tensor([r + [-1] * (width - len(r)) for r in rows])
+    out, res = sk.sparse_attention(q, store, seq, 0, blocks, backend="cpp")
+    K, V = store.gather(seq, 0)
+    tokens = [torch.cat([torch.arange(b * bs, min((b + 1) * bs, n)) for b in r]) for r in rows]
+    want, _ = exact(q, K, V, tokens)
+    assert (out.double() - want).abs().max() < TOL[dtype]
+    assert res.blocks_read == sum(map(len, rows))
+
+
+def test_every_split_count_gives_the_same_answer():
+    store, seq, g = filled(2, 64, 16 * 20 + 3, torch.float32, seed=7)
+    q = torch.randn(8, 64, generator=g)
+    k, v = store.k[0].transpose(0, 1), store.v[0].transpose(0, 1)
+    every = decode.all_blocks(store, seq)
+    ref, _ = cpu_decode.paged_decode(q, k, v, store.block_table(seq), every, seq.num_tokens, splits=1)
+    for s in (2, 3, 7, 21, 40):                           # more splits than blocks leaves empty splits
+        out, _ = cpu_decode.paged_decode(q, k, v, store.block_table(seq), every, seq.num_tokens, splits=s)
+        assert (out - ref).abs().max() < 1e-5, s
+
+
+def test_the_decode_plan_uses_it_and_agrees_with_the_torch_plan():
+    store, seq, g = filled(2, 64, 100, torch.float32, seed=3)
+    q = torch.randn(8, 64, generator=g)
+    fast, slow = plan_decode(store, seq, 8, backend="cpp"), plan_decode(store, seq, 8, backend="torch")
+    assert fast.backend == "cpp" and plan_decode(store, seq, 8).backend == "cpp"
+    assert (fast.dense(1, q) - slow.dense(1, q)).abs().max() < 1e-5
+    sel = sk.Router("minmax", token_budget=48).select(q, store, seq, 1)
+    a, ra = fast.sparse(1, q, sel.blocks)
+    b, rb = slow.sparse(1, q, sel.blocks)
+    assert (a - b).abs().max() < 1e-5 and ra.traffic == rb.traffic
+    with pytest.raises(ValueError, match="backend must be"):
+        plan_decode(store, seq, 8, backend="triton")
+
+
+def test_engine_greedy_tokens_match_the_torch_path(monkeypatch):
+    model = sk.Model(sk.ModelConfig.from_name("tiny"))
+    eng = sk.Engine(model, block_size=8, num_blocks=64, progress=False)
+    prompt = torch.randint(0, model.config.vocab_size, (45,), generator=torch.Generator().manual_seed(0)).tolist()
+    outs = {}
+    for backend in ("cpp", "torch"):
+        monkeypatch.setattr("sparsekv.model.engine.plan_decode",
+                            lambda store, seq, hq, _b=backend: plan_decode(store, seq, hq, backend=_b))
+        for name, router in (("dense", None), ("routed", sk.Router("minmax", token_budget=16))):
+            seq = eng.new_sequence(); eng.prefill(seq, prompt)
+            outs[backend, name] = eng.decode(seq, 8, router=router)
+            eng.finish(seq)
+    assert outs["cpp", "dense"] == outs["torch", "dense"] and outs["cpp", "routed"] == outs["torch", "routed"]
+
+
+def test_bad_calls_and_fallbacks():
+    store, seq, g = filled(2, 64, 40, torch.float32, seed=1)
+    from sparsekv.core.backend import resolve
+    with pytest.raises(ValueError, match="backend 'cpp' runs on CPU"):
+        resolve("cpp", torch.randn(4, 64, device="meta"))
+    # float64 queries are outside the kernel: the torch path answers, exactly as the "torch" backend does
+    q64 = torch.randn(4, 64, dtype=torch.float64)
+    assert torch.equal(sk.dense_attention(q64, store, seq, 0, backend="cpp"),
+                       sk.dense_attention(q64, store, seq, 0, backend="torch"))
+    with pytest.raises(RuntimeError, match="q must be"):
+        cpu_decode.paged_decode(torch.randn(4, 64, dtype=torch.float64), store.k[0].transpose(0, 1),
+                                store.v[0].transpose(0, 1), store.block_table(seq), decode.all_blocks(store, seq), 40)
+
+
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
+    from torch.utils import cpp_extension
+    saved = dict(cpu_decode._state)
+    try:
+        cpu_decode._state.clear()
+        monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: (_ for _ in ()).throw(OSError("no compiler here")))
+        with pytest.warns(RuntimeWarning, match="no compiler here"):
+            assert cpu_decode.load() is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")                 # the second ask is silent
+            assert not cpu_decode.available() and "no compiler here" in cpu_decode.reason()
+    finally:
+        cpu_decode._state.clear()
+        cpu_decode._state.update(saved)
