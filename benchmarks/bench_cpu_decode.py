@@ -80,9 +80,9 @@ def matmul_rate(H: int, G: int, D: int, repeats: int, N: int = 512) -> float:
     return 2 * H * G * D * N / t
 
 
-def build_case(n: int, dtype: torch.dtype, H: int, D: int, bs: int, seed: int):
+def build_case(n: int, dtype: torch.dtype, H: int, D: int, bs: int, seed: int, summary_dtype=None):
     cfg = sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs,
-                         num_blocks=-(-n // bs) + 1, dtype=dtype, repr_keys=0)
+                         num_blocks=-(-n // bs) + 1, dtype=dtype, repr_keys=0, summary_dtype=summary_dtype)
     store = sk.BlockStore(cfg)
     seq = store.new_sequence()
     g = torch.Generator().manual_seed(seed)
@@ -121,6 +121,18 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
                 "sdpa": sdpa}
     backend = resolve("auto", q)
     res["backend"] = backend
+    if dtype == torch.float32:    # routing over bf16 summaries (min rounded down, max up): half the routing bytes
+        store16, seq16 = build_case(n, dtype, H, D, bs, seed=n, summary_dtype=torch.bfloat16)
+        sel16 = router.select(q, store16, seq16, 0)
+        picked = lambda b: {(h, j) for h, row in enumerate(b.tolist()) for j in row if j >= 0}
+        res["bf16_summary_overlap"] = len(picked(sel.blocks) & picked(sel16.blocks)) / len(picked(sel.blocks))
+        res["bf16_summary_bytes_ratio"] = sel16.traffic.summary_bytes / sel.traffic.summary_bytes
+        res["sparse_b16sum_route_bytes"] = sel16.traffic.total
+
+        def sparse_step_b16():
+            s16 = router.select(q, store16, seq16, 0)
+            return sk.sparse_attention(q, store16, seq16, 0, s16.blocks)[0]
+        variants["sparse_b16sum"] = sparse_step_b16
     if backend == "cpp":          # the torch path too, in the same run: the fused kernel's before and after
         variants.update({"sparse_torch": sparse_step_torch,
                          "sparse_attn_torch": lambda: sk.sparse_attention(q, store, seq, 0, sel.blocks, backend="torch")[0],
@@ -189,7 +201,8 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
     work = {"sparse": (routed_bytes, rows_read), "sparse_attn": (attn_bytes, rows_read), "flex": (attn_bytes, rows_read),
             "flex_routed": (routed_bytes, rows_read), "dense": (dense.total, n), "sdpa": (dense.total, n),
             "sparse_torch": (routed_bytes, rows_read), "sparse_attn_torch": (attn_bytes, rows_read),
-            "dense_torch": (dense.total, n)}
+            "dense_torch": (dense.total, n),
+            "sparse_b16sum": (attn_bytes + res.get("sparse_b16sum_route_bytes", 0), rows_read)}
     for v, (nbytes, rows) in work.items():
         if f"{v}_s" in res:
             byte_floor, compute_floor = nbytes / bw, 4 * H * G * D * rows / rate

@@ -30,6 +30,16 @@ def cpu_decode_table(path: Path = RESULTS / "cpu_decode.json") -> str:
                      f"{fl('sdpa')} | {fl('flex')} | {r.get('attn_speedup_vs_flex', nan):.2f}x | "
                      f"{r.get('routed_speedup_vs_flex_routed', nan):.2f}x | {r['dense_speedup_vs_sdpa']:.2f}x | "
                      f"{r.get('sparse_attn_speedup_vs_torch_path', nan):.2f}x | {r.get('dense_speedup_vs_torch_path', nan):.2f}x |")
+    b16 = [r for r in d["cases"] if "bf16_summary_overlap" in r]
+    if b16:
+        lines += ["", "Routing over bfloat16 summaries (min rounded down, max rounded up, so Quest's bound never shrinks), "
+                  "float32 K/V, same run:", "",
+                  "| context | summary bytes vs float32 | blocks also picked with float32 summaries | routed / floor "
+                  "| routed vs float32 summaries |", "| ---: | ---: | ---: | ---: | ---: |"]
+        for r in b16:
+            lines.append(f"| {r['context']} | {r['bf16_summary_bytes_ratio']:.2f} | {r['bf16_summary_overlap']:.1%} | "
+                         f"{r.get('sparse_b16sum_over_floor', nan):.2f} ({r.get('sparse_b16sum_bound', '?')}) | "
+                         f"{r['sparse_s'] / r['sparse_b16sum_s']:.2f}x |")
     return "\n".join(lines)
 
 

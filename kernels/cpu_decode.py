@@ -86,3 +86,11 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch
     if splits is None:
         splits = splits_for(k.shape[0], blocks.shape[1])
     return op(q, k, v, table, blocks, num_tokens, splits)
+
+
+def minmax_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Quest's bound [H, G, nb] float32 for q [Hq, D] float32 over one layer's head-major summaries
+    kmin, kmax [H, NB, D] (float32 or bfloat16, read in place) at the blocks of `table` [nb]."""
+    if load() is None:
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
+    return torch.ops.sparsekv_cpu.minmax_scores(q, kmin, kmax, table)

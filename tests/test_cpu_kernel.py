@@ -168,3 +168,64 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
     finally:
         cpu_decode._state.clear()
         cpu_decode._state.update(saved)
+
+
+# -- half-precision summaries and the fused scoring pass ----------------------------------------
+
+@pytest.mark.parametrize("G,D", [(1, 64), (3, 128), (8, 64)])
+def test_bf16_summaries_keep_quest_s_bound_conservative(G, D):
+    H, n = 2, 16 * 13 + 7
+    cfg = dict(num_layers=1, num_kv_heads=H, head_dim=D, block_size=16, num_blocks=16, repr_keys=0)
+    f32, b16 = sk.BlockStore(sk.StoreConfig(**cfg)), sk.BlockStore(sk.StoreConfig(**cfg, summary_dtype="bf16"))
+    g = torch.Generator().manual_seed(G * D)
+    k, v = torch.randn(1, n, H, D, generator=g) * 3, torch.randn(1, n, H, D, generator=g)
+    s32, s16 = f32.new_sequence(), b16.new_sequence()
+    f32.append(s32, k, v)
+    b16.append(s16, k, v)
+    t32, t16 = f32.block_table(s32), b16.block_table(s16)
+    lo32, hi32 = f32.kmin[0, t32], f32.kmax[0, t32]
+    lo16, hi16 = b16.kmin[0, t16].float(), b16.kmax[0, t16].float()
+    assert b16.kmin.dtype == torch.bfloat16
+    assert (lo16 <= lo32).all() and (hi16 >= hi32).all()                         # rounded outward, never inward
+    ulp = lambda x: x.abs() * 2.0 ** -7 + 1e-30                                   # one bf16 step, at most
+    assert ((lo32 - lo16) <= ulp(lo32)).all() and ((hi16 - hi32) <= ulp(hi32)).all()
+    q = torch.randn(H * G, D, generator=g)
+    r = sk.Router("minmax", top_k=4)
+    for backend in ("torch", "cpp"):
+        s_32 = sk.SCORERS["minmax"]().logits(_inp(q, f32, s32, t32), backend, None)
+        s_16 = sk.SCORERS["minmax"]().logits(_inp(q, b16, s16, t16), backend, None)
+        assert (s_16 >= s_32 - 1e-4).all(), backend                                 # the bound never shrinks
+    assert r.select(q, b16, s16, 0).traffic.summary_bytes * 2 == r.select(q, f32, s32, 0).traffic.summary_bytes
+
+
+def _inp(q, store, seq, table):
+    from sparsekv.routing.scorers import ScoreInput
+    H = store.config.num_kv_heads
+    return ScoreInput(q.view(H, -1, q.shape[-1]).float(), store, seq, 0, table)
+
+
+@pytest.mark.parametrize("summary_dtype", ["fp32", "bf16"])
+def test_fused_minmax_scores_match_the_torch_definition(summary_dtype):
+    H, G, D, n = 3, 3, 64, 16 * 9 + 2
+    store = sk.BlockStore(sk.StoreConfig(num_layers=2, num_kv_heads=H, head_dim=D, block_size=16, num_blocks=40,
+                                         summary_dtype=summary_dtype))
+    g = torch.Generator().manual_seed(11)
+    other = store.new_sequence()                                                    # fragment the pool
+    store.append(other, torch.randn(2, 40, H, D, generator=g), torch.randn(2, 40, H, D, generator=g))
+    seq = store.new_sequence()
+    store.append(seq, torch.randn(2, n, H, D, generator=g), torch.randn(2, n, H, D, generator=g))
+    q = torch.randn(H * G, D, generator=g)
+    inp = _inp(q, store, seq, store.block_table(seq))
+    ref = sk.SCORERS["minmax"]().logits(inp, "reference", None)
+    fused = sk.SCORERS["minmax"]().logits(inp, "cpp", None)
+    assert fused.shape == ref.shape and (fused - ref).abs().max() < 1e-5
+    sel_cpp = sk.Router("minmax", token_budget=64).select(q, store, seq, 1, backend="cpp")
+    sel_ref = sk.Router("minmax", token_budget=64).select(q, store, seq, 1, backend="reference")
+    assert torch.equal(sel_cpp.blocks, sel_ref.blocks)
+
+
+def test_summary_dtype_is_checked():
+    with pytest.raises(ValueError, match="summary_dtype must be one of"):
+        sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=8, summary_dtype="int4")
+    with pytest.raises(TypeError, match="summary_dtype must be a floating"):
+        sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=8, summary_dtype=torch.int8)

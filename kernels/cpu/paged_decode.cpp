@@ -19,6 +19,8 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -30,7 +32,13 @@ namespace {
 constexpr float kNegBig = -3.0e38f;
 
 inline float to_f(float x) { return x; }
-inline float to_f(c10::BFloat16 x) { return static_cast<float>(x); }
+// bfloat16 as its raw 16 bits: the float with those bits on top, a shift the compiler vectorises.
+inline float to_f(uint16_t x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 template <typename T>
 inline float dot(const float* __restrict q, const T* __restrict k, int64_t D) {
@@ -125,7 +133,8 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k, torch:
                blocks.data_ptr<int64_t>(), K, H, G, D, NB, bs, num_tokens, S, scale,
                m.data_ptr<float>(), l.data_ptr<float>(), acc.data_ptr<float>());
   } else {
-    run<c10::BFloat16>(q.data_ptr<float>(), k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>(),
+    run<uint16_t>(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(k.data_ptr<c10::BFloat16>()),
+                  reinterpret_cast<const uint16_t*>(v.data_ptr<c10::BFloat16>()),
                        table.data_ptr<int64_t>(), blocks.data_ptr<int64_t>(), K, H, G, D,
                        NB, bs, num_tokens, S, scale, m.data_ptr<float>(), l.data_ptr<float>(), acc.data_ptr<float>());
   }
@@ -138,9 +147,65 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k, torch:
   return {out.reshape({H * G, D}), lse.reshape({H * G})};
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Quest's bound for every block of one sequence, read straight from the store's summaries.
+//   bound[h, g, j] = scale * sum_d max(q[h*G+g, d] * kmin[h, table[j], d], q[h*G+g, d] * kmax[h, table[j], d])
+// kmin, kmax: [H, NB, D] (one layer, head-major, contiguous) float32 or bfloat16; q [Hq, D] float32.
+namespace {
+
+template <typename T>
+void minmax_run(const float* q, const T* kmin, const T* kmax, const int64_t* table, int64_t nb, int64_t H,
+                int64_t G, int64_t D, int64_t NB, float scale, float* out) {
+  at::parallel_for(0, H * nb, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item / nb, j = item % nb;
+      const T* lo = kmin + (h * NB + table[j]) * D;
+      const T* hi = kmax + (h * NB + table[j]) * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qg = q + (h * G + g) * D;
+        float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < D; ++d) acc += std::max(qg[d] * to_f(lo[d]), qg[d] * to_f(hi[d]));
+        out[(h * G + g) * nb + j] = scale * acc;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+torch::Tensor minmax_scores(torch::Tensor q, torch::Tensor kmin, torch::Tensor kmax, torch::Tensor table) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q must be [Hq, D] float32");
+  TORCH_CHECK(kmin.dim() == 3 && kmin.is_contiguous() && kmax.is_contiguous() && kmin.sizes() == kmax.sizes() &&
+                  kmin.scalar_type() == kmax.scalar_type() &&
+                  (kmin.scalar_type() == torch::kFloat32 || kmin.scalar_type() == torch::kBFloat16),
+              "kmin and kmax must be contiguous [H, NB, D] float32 or bfloat16");
+  TORCH_CHECK(table.scalar_type() == torch::kInt64 && table.is_contiguous() && table.dim() == 1,
+              "table must be a contiguous [nb] int64 tensor");
+  const int64_t H = kmin.size(0), NB = kmin.size(1), D = kmin.size(2), nb = table.numel();
+  TORCH_CHECK(q.size(1) == D && q.size(0) % H == 0, "q must be [H * G, D]");
+  const int64_t G = q.size(0) / H;
+  auto out = torch::empty({H, G, nb}, torch::TensorOptions().dtype(torch::kFloat32));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (kmin.scalar_type() == torch::kFloat32) {
+    minmax_run<float>(q.data_ptr<float>(), kmin.data_ptr<float>(), kmax.data_ptr<float>(), table.data_ptr<int64_t>(),
+                      nb, H, G, D, NB, scale, out.data_ptr<float>());
+  } else {
+    minmax_run<uint16_t>(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(kmin.data_ptr<c10::BFloat16>()),
+                         reinterpret_cast<const uint16_t*>(kmax.data_ptr<c10::BFloat16>()),
+                              table.data_ptr<int64_t>(), nb, H, G, D, NB, scale, out.data_ptr<float>());
+  }
+  return out;
+}
+
 TORCH_LIBRARY(sparsekv_cpu, lib) {
   lib.def("paged_decode(Tensor q, Tensor k, Tensor v, Tensor table, Tensor blocks, int num_tokens, int splits) "
           "-> Tensor[]");
+  lib.def("minmax_scores(Tensor q, Tensor kmin, Tensor kmax, Tensor table) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(sparsekv_cpu, CPU, lib) { lib.impl("paged_decode", &paged_decode); }
+TORCH_LIBRARY_IMPL(sparsekv_cpu, CPU, lib) {
+  lib.impl("paged_decode", &paged_decode);
+  lib.impl("minmax_scores", &minmax_scores);
+}

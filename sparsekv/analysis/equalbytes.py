@@ -82,7 +82,8 @@ def lossless_rows(engines: dict[str, Engine], probe: turns.TwoFacts, methods: li
         engine.prefill(seq, probe.context)
         c = engine.store.config
         geom = dict(layers=c.num_layers, kv_heads=c.num_kv_heads, head_dim=c.head_dim, itemsize=c.itemsize,
-                    block_size=c.block_size, kv_bits=c.kv_bits, summaries_held=summary_vectors(c.summaries, c))
+                    block_size=c.block_size, kv_bits=c.kv_bits, summaries_held=summary_vectors(c.summaries, c),
+                    summary_itemsize=c.summary_itemsize)
         try:
             for m in (m for m in methods if m.engine == key):
                 child = engine.fork(seq)

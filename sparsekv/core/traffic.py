@@ -130,7 +130,7 @@ FAMILIES = ("dense", "evict", "quant", "lossless")
 def cache_bytes(family: str, *, layers: int, kv_heads: int, head_dim: int, tokens: int, itemsize: int = 4,
                 kept: int | None = None, bits: int | None = None, group: int = 64, residual: int = 0,
                 block_size: int = 16, kv_bits: int = 0, budget: int | None = None, summaries_held: int = 0,
-                summaries_read: int = 0, scale_itemsize: int = 4) -> CacheBytes:
+                summaries_read: int = 0, scale_itemsize: int = 4, summary_itemsize: int | None = None) -> CacheBytes:
     """The one byte model for comparing caches at equal bytes (notebook 09's x-axes).
 
     family:
@@ -144,7 +144,8 @@ def cache_bytes(family: str, *, layers: int, kv_heads: int, head_dim: int, token
                  (token, kv head); `summaries_held` head_dim vectors per (block, kv head) kept. A step reads
                  every row (budget None) or the rows of K = max(2, budget // block_size) blocks (the sink,
                  the local block and the best others, as `Router` selects), plus `summaries_read` vectors
-                 per (block, kv head) to score them.
+                 per (block, kv head) to score them; summaries are `summary_itemsize` bytes per element
+                 (default `itemsize`).
     Each count is per (layer, kv head) and multiplied by `layers * kv_heads`.
     """
     if family not in FAMILIES:
@@ -172,10 +173,11 @@ def cache_bytes(family: str, *, layers: int, kv_heads: int, head_dim: int, token
     if kv_bits not in (0, 8):
         raise ValueError(f"kv_bits must be 0 or 8, got {kv_bits!r}")
     row = D * (1 if kv_bits == 8 else itemsize) + (scale_itemsize if kv_bits == 8 else 0)
+    si = itemsize if summary_itemsize is None else summary_itemsize
     nb = -(-tokens // block_size)
-    held = lh * nb * (2 * block_size * row + summaries_held * D * itemsize)
+    held = lh * nb * (2 * block_size * row + summaries_held * D * si)
     if budget is None:
         return CacheBytes(held, lh * 2 * tokens * row)
     k = min(nb, max(2, budget // block_size))
     rows = (k - 1) * block_size + tokens - (nb - 1) * block_size      # the last (local) block is partial
-    return CacheBytes(held, lh * (2 * rows * row + nb * summaries_read * D * itemsize))
+    return CacheBytes(held, lh * (2 * rows * row + nb * summaries_read * D * si))

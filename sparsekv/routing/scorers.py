@@ -58,7 +58,7 @@ class Scorer:
         """Summary bytes this scorer reads for `seq` (the byte model: `core.traffic`)."""
         c = store.config
         tiles = seq.num_blocks * c.num_kv_heads
-        return summary_traffic(tiles, self.vectors(c), c.head_dim, c.itemsize).summary_bytes
+        return summary_traffic(tiles, self.vectors(c), c.head_dim, c.summary_itemsize).summary_bytes
 
 
 def _summary_logits(q: torch.Tensor, summary: torch.Tensor, inp: ScoreInput) -> torch.Tensor:
@@ -73,6 +73,12 @@ def _summary_logits(q: torch.Tensor, summary: torch.Tensor, inp: ScoreInput) -> 
     if 4 * inp.table.numel() >= per_head.shape[1]:
         return (q @ per_head.float().transpose(1, 2))[:, :, inp.table]
     return q @ per_head[:, inp.table].float().transpose(1, 2)
+
+
+def _cpp_summaries(inp: ScoreInput) -> bool:
+    """Whether the fused CPU scorer reads these summaries (float32 or bf16, on the CPU)."""
+    c = inp.store.config
+    return c.device.type == "cpu" and c.summary_dtype in (torch.float32, torch.bfloat16)
 
 
 def _triton_scores(inp: ScoreInput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,6 +105,12 @@ class MinMaxScorer(Scorer):
         q = inp.q
         if backend == "triton":
             return _triton_scores(inp)[0]
+        if backend == "cpp" and _cpp_summaries(inp):      # the fused pass: summaries read once, in place
+            from ..kernels.cpu_decode import minmax_scores
+            H, G, D = q.shape
+            lo = inp.store.kmin[inp.layer].transpose(0, 1)                    # [H, NB, D], contiguous
+            hi = inp.store.kmax[inp.layer].transpose(0, 1)
+            return minmax_scores(q.reshape(H * G, D).float().contiguous(), lo, hi, inp.table)
         if backend == "reference":   # the definition, elementwise: [H, G, D, nb]
             kmin = inp.store.kmin[inp.layer][inp.table].float().permute(1, 2, 0)
             kmax = inp.store.kmax[inp.layer][inp.table].float().permute(1, 2, 0)

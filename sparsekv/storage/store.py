@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .block_pool import BlockPool, StoreFullError
-from .summaries import DEFAULT_SUMMARIES, SUMMARIES, Tiles, make_summary
+from .summaries import DEFAULT_SUMMARIES, SUMMARIES, Tiles, cast, make_summary
 from ..core.checks import check_int, check_tensor
 from ..core.workspace import Workspace
 
@@ -51,6 +51,8 @@ class StoreConfig:
     repr_keys: int = 4       # representative keys kept per block for the `repr` scorer (0: none)
     summaries: tuple[str, ...] = DEFAULT_SUMMARIES   # per-block summaries kept (names in `SUMMARIES`)
     kv_bits: int = 0         # 0: K/V stored in `dtype`; 8: int8 codes, one float32 scale per (token, kv head)
+    summary_dtype: torch.dtype | str | None = None   # summaries' dtype (None: `dtype`); bf16 halves routing bytes,
+                                                     # with min rounded down and max rounded up (bounds stay safe)
 
     def __post_init__(self):
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size", "num_blocks"):
@@ -67,6 +69,14 @@ class StoreConfig:
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {self.dtype!r}")
         self.device = torch.device(self.device)
+        if self.summary_dtype is None:
+            self.summary_dtype = self.dtype
+        if isinstance(self.summary_dtype, str):
+            if self.summary_dtype not in _DTYPES:
+                raise ValueError(f"summary_dtype must be one of {sorted(_DTYPES)}, got {self.summary_dtype!r}")
+            self.summary_dtype = _DTYPES[self.summary_dtype]
+        if not isinstance(self.summary_dtype, torch.dtype) or not self.summary_dtype.is_floating_point:
+            raise TypeError(f"summary_dtype must be a floating torch.dtype, got {self.summary_dtype!r}")
         self.repr_keys = min(self.repr_keys, self.block_size)
         if isinstance(self.summaries, str) or not all(isinstance(n, str) for n in self.summaries):
             raise TypeError(f"summaries must be a tuple of summary names, got {self.summaries!r}")
@@ -79,6 +89,10 @@ class StoreConfig:
     @property
     def itemsize(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def summary_itemsize(self) -> int:
+        return torch.empty((), dtype=self.summary_dtype).element_size()
 
     @property
     def kv_itemsize(self) -> int:
@@ -442,7 +456,7 @@ class BlockStore:
         fill = torch.tensor([self._fill[b] for b in blocks], device=c.device)
         tiles = Tiles.of(self.tiles("k", layer, idx).float(), fill)          # values [n, H, bs, D]
         for name, summary in self._summaries.items():
-            self._summary_data[name][layer, idx] = summary.compute(tiles, c).to(c.dtype)
+            self._summary_data[name][layer, idx] = cast(summary.compute(tiles, c), c.summary_dtype, summary.rounding)
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,9 +48,15 @@ class Tiles:
 
 
 class Summary:
-    """Base class. Subclasses set `name` and implement `compute`; multi-vector ones override `vectors`."""
+    """Base class. Subclasses set `name` and implement `compute`; multi-vector ones override `vectors`.
+
+    `rounding` is how a value is stored when `config.summary_dtype` is narrower than float32: "nearest", or
+    "up"/"down" for a bound that must stay conservative (a max rounded up, a min rounded down), so that a
+    bound computed from half-precision summaries never underestimates the float32 one.
+    """
 
     name = ""
+    rounding = "nearest"
 
     def vectors(self, config) -> int:
         """head_dim vectors kept per tile."""
@@ -68,13 +74,13 @@ class Summary:
         """
         c = config
         extra = self.extra_shape(c)
-        kw = dict(dtype=c.dtype, device=c.device)
+        kw = dict(dtype=c.summary_dtype, device=c.device)
         if not extra:
             return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.head_dim, **kw).transpose(1, 2)
         return torch.zeros(c.num_layers, c.num_blocks, c.num_kv_heads, *extra, c.head_dim, **kw)
 
     def bytes_per_tile(self, config) -> int:
-        return self.vectors(config) * config.head_dim * config.itemsize
+        return self.vectors(config) * config.head_dim * config.summary_itemsize
 
     def compute(self, tiles: Tiles, config) -> torch.Tensor:
         """[n, H, *extra, D] float32 summary of each tile, from its valid rows only."""
@@ -84,7 +90,7 @@ class Summary:
 class KeyMin(Summary):
     """Channel-wise minimum of the block's keys (half of Quest's bound)."""
 
-    name = "kmin"
+    name, rounding = "kmin", "down"
 
     def compute(self, tiles, config):
         return torch.where(tiles.valid, tiles.values, torch.inf).amin(2)
@@ -93,7 +99,7 @@ class KeyMin(Summary):
 class KeyMax(Summary):
     """Channel-wise maximum of the block's keys (the other half of Quest's bound)."""
 
-    name = "kmax"
+    name, rounding = "kmax", "up"
 
     def compute(self, tiles, config):
         return torch.where(tiles.valid, tiles.values, -torch.inf).amax(2)
@@ -129,6 +135,17 @@ class KeyRepr(Summary):
         rank = torch.arange(r, device=top.device)
         top = torch.where(rank[None, None, :] < tiles.fill[:, None, None], top, 0)
         return torch.gather(tiles.values, 2, top[..., None].expand(-1, -1, -1, D))
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
+    """x (float32) stored in `dtype`, rounded to nearest, or directed "up"/"down" (each element moves at most
+    one step of `dtype` past its nearest value, so x <= result for "up" and result <= x for "down")."""
+    y = x.to(dtype)
+    if rounding == "nearest" or dtype == x.dtype:
+        return y
+    inf = torch.full_like(y, torch.inf if rounding == "up" else -torch.inf)
+    wrong = y.float() < x if rounding == "up" else y.float() > x
+    return torch.where(wrong, torch.nextafter(y, inf), y)
 
 
 SUMMARIES: dict[str, type[Summary]] = {}
