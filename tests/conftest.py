@@ -23,6 +23,25 @@ if importlib.util.find_spec("triton") is not None and not torch.cuda.is_availabl
         del os.environ["TRITON_INTERPRET"]
 
 
+def exact_attention(q, K, V, blocks=None, block_size=None):
+    """float64 softmax(q K^T / sqrt(d)) V and its log-sum-exp, per query head, over every token of K, V
+    [N, H, D] or, with `blocks` [H, K] (-1 padded) and `block_size`, over the selected blocks' tokens."""
+    import math
+    Hq, D = q.shape
+    H = K.shape[1]
+    G = Hq // H
+    out, lse = torch.empty(Hq, D, dtype=torch.float64), torch.empty(Hq, dtype=torch.float64)
+    for h in range(Hq):
+        kh, vh = K[:, h // G].double(), V[:, h // G].double()
+        if blocks is not None:
+            tok = torch.cat([torch.arange(b * block_size, min((b + 1) * block_size, len(K)))
+                             for b in blocks[h // G].tolist() if b >= 0])
+            kh, vh = kh[tok], vh[tok]
+        s = q[h].double() @ kh.T / math.sqrt(D)
+        out[h], lse[h] = s.softmax(-1) @ vh, torch.logsumexp(s, -1)
+    return out, lse
+
+
 def make_store(layers=2, kv_heads=2, head_dim=16, block_size=4, num_blocks=16, dtype=torch.float32, repr_keys=2,
                device="cpu"):
     return sk.BlockStore(sk.StoreConfig(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,

@@ -3,34 +3,19 @@
 Grid: GQA ratios 1, 2, 4, 8; head dims 64 and 128; float32 and bfloat16 storage; odd
 lengths with a partial last block, and a single-token sequence.
 """
-import math
 
 import pytest
 import torch
 
 import sparsekv as sk
-from conftest import make_store
+from conftest import exact_attention, make_store
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}   # max abs error vs float64 on unit-variance V
 GRID = [(g, d, dt, n) for g in (1, 2, 4, 8) for d in (64, 128) for dt in (torch.float32, torch.bfloat16)
         for n in (1, 37)]
 
 
-def exact(q, K, V, blocks=None, block_size=None):
-    """float64 softmax(q K^T / sqrt(d)) V per query head over the selected tokens."""
-    Hq, D = q.shape
-    H = K.shape[1]
-    G = Hq // H
-    out, lse = torch.empty(Hq, D, dtype=torch.float64), torch.empty(Hq, dtype=torch.float64)
-    for h in range(Hq):
-        kh, vh = K[:, h // G].double(), V[:, h // G].double()
-        if blocks is not None:
-            tok = torch.cat([torch.arange(b * block_size, min((b + 1) * block_size, len(K)))
-                             for b in blocks[h // G].tolist() if b >= 0])
-            kh, vh = kh[tok], vh[tok]
-        s = q[h].double() @ kh.T / math.sqrt(D)
-        out[h], lse[h] = s.softmax(-1) @ vh, torch.logsumexp(s, -1)
-    return out, lse
+exact = exact_attention
 
 
 def fill(store, n, seed):

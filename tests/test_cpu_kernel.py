@@ -5,7 +5,6 @@ accumulation float32), odd lengths with a partial last block, a single token, se
 and a fragmented block table. Each test makes sure the kernel itself ran (the torch fallback is patched to
 fail), and the fallback is exercised by a build that fails on purpose.
 """
-import math
 import warnings
 
 import pytest
@@ -15,6 +14,7 @@ import sparsekv as sk
 from sparsekv.attention import decode
 from sparsekv.attention.plan import plan_decode
 from sparsekv.kernels import cpu_decode
+from conftest import exact_attention as exact
 
 pytestmark = pytest.mark.skipif(not cpu_decode.available(),
                                 reason=f"the CPU kernel did not build here: {cpu_decode.reason()}")
@@ -28,21 +28,6 @@ def kernel_only(monkeypatch):
         raise AssertionError("the torch path ran where the fused kernel should have")
     monkeypatch.setattr(decode, "_sparse_torch", boom)
     monkeypatch.setattr(decode, "_dense_torch", boom)
-
-
-def exact(q, K, V, tokens=None):
-    """float64 attention of q [Hq, D] over K, V [N, H, D] (optionally a subset of token rows per kv head)."""
-    Hq, D = q.shape
-    H = K.shape[1]
-    G = Hq // H
-    out, lse = torch.empty(Hq, D, dtype=torch.float64), torch.empty(Hq, dtype=torch.float64)
-    for h in range(Hq):
-        kh, vh = K[:, h // G].double(), V[:, h // G].double()
-        if tokens is not None:
-            kh, vh = kh[tokens[h // G]], vh[tokens[h // G]]
-        s = q[h].double() @ kh.T / math.sqrt(D)
-        out[h], lse[h] = s.softmax(-1) @ vh, torch.logsumexp(s, -1)
-    return out, lse
 
 
 def filled(H, D, n, dtype, seed, bs=16, fragment=False):
@@ -94,8 +79,7 @@ def test_sparse_matches_float64_with_padded_selections(kernel_only, G, D, dtype)
     blocks = torch.tensor([r + [-1] * (width - len(r)) for r in rows])
     out, res = sk.sparse_attention(q, store, seq, 0, blocks, backend="cpp")
     K, V = store.gather(seq, 0)
-    tokens = [torch.cat([torch.arange(b * bs, min((b + 1) * bs, n)) for b in r]) for r in rows]
-    want, _ = exact(q, K, V, tokens)
+    want, _ = exact(q, K, V, blocks, bs)
     assert (out.double() - want).abs().max() < TOL[dtype]
     assert res.blocks_read == sum(map(len, rows))
 

@@ -16,6 +16,8 @@ kvpress and the quantisation backends are optional imports (`pip install -e ".[p
 """
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,8 +121,6 @@ def _quantized_bytes(q) -> int:
 @torch.no_grad()
 def run(hf, probe: TwoFacts, method: PeerMethod) -> PeerRun:
     """Prefill with the method's cache (and press), feed the rest of `after`; see the module docstring."""
-    import contextlib
-    import time
     t0 = time.perf_counter()
     k = len(probe.after) - 1
     head = 0

@@ -39,6 +39,17 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
            "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def _float_dtype(name: str, value) -> torch.dtype:
+    """A floating torch.dtype from a dtype or one of the names in _DTYPES (ValueError/TypeError naming `name`)."""
+    if isinstance(value, str):
+        if value not in _DTYPES:
+            raise ValueError(f"{name} must be one of {sorted(_DTYPES)}, got {value!r}")
+        value = _DTYPES[value]
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise TypeError(f"{name} must be a floating torch.dtype, got {value!r}")
+    return value
+
+
 @dataclass
 class StoreConfig:
     num_layers: int          # transformer layers whose K/V live in the store
@@ -62,21 +73,9 @@ class StoreConfig:
             raise ValueError(f"kv_bits must be 0 (K/V in dtype) or 8 (int8 with per-token scales), got {self.kv_bits!r}")
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        if isinstance(self.dtype, str):
-            if self.dtype not in _DTYPES:
-                raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-            self.dtype = _DTYPES[self.dtype]
-        if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype, got {self.dtype!r}")
+        self.dtype = _float_dtype("dtype", self.dtype)
         self.device = torch.device(self.device)
-        if self.summary_dtype is None:
-            self.summary_dtype = self.dtype
-        if isinstance(self.summary_dtype, str):
-            if self.summary_dtype not in _DTYPES:
-                raise ValueError(f"summary_dtype must be one of {sorted(_DTYPES)}, got {self.summary_dtype!r}")
-            self.summary_dtype = _DTYPES[self.summary_dtype]
-        if not isinstance(self.summary_dtype, torch.dtype) or not self.summary_dtype.is_floating_point:
-            raise TypeError(f"summary_dtype must be a floating torch.dtype, got {self.summary_dtype!r}")
+        self.summary_dtype = _float_dtype("summary_dtype", self.dtype if self.summary_dtype is None else self.summary_dtype)
         self.repr_keys = min(self.repr_keys, self.block_size)
         if isinstance(self.summaries, str) or not all(isinstance(n, str) for n in self.summaries):
             raise TypeError(f"summaries must be a tuple of summary names, got {self.summaries!r}")
@@ -177,7 +176,6 @@ class BlockStore:
         if not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         c = self.config = config
-        kw = dict(dtype=c.dtype, device=c.device)
         # K/V have the documented shape [L, NB, H, bs, D] but live head-major in memory
         # ([L, H, NB, bs, D] contiguous): every tile is one contiguous bs x D slab, and a run of
         # consecutive physical blocks of one kv head is one contiguous [n * bs, D] matrix, which
