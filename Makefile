@@ -8,7 +8,7 @@ STAMP      := $(VENV)/.sparsekv-installed
 KERNEL     := $(VENV)/share/jupyter/kernels/sparsekv/kernel.json
 MODEL      := data/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup model notebooks test smoke clean
+.PHONY: setup model notebooks test smoke lab clean
 
 setup: $(STAMP) $(KERNEL)
 
@@ -37,6 +37,11 @@ smoke: setup model
 
 test: setup model
 	$(PY) -m pytest -q
+
+# JupyterLab on notebooks/ with the project's kernel ("Python (sparsekv)"), after the same set-up.
+# LAB_ARGS passes options through, e.g. `make lab LAB_ARGS="--port 8890 --no-browser"`.
+lab: setup model
+	$(PY) -m jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 
 clean:
 	rm -rf build/notebooks .pytest_cache

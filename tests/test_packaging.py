@@ -24,3 +24,14 @@ def test_the_cpu_kernel_source_ships_with_the_package():
     from pathlib import Path
     cfg = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert "cpu/*.cpp" in cfg["tool"]["setuptools"]["package-data"]["sparsekv.kernels"]
+
+
+def test_make_lab_opens_jupyterlab_on_the_notebooks_with_the_project_kernel():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    dry = subprocess.run(["make", "-n", "lab"], cwd=root, capture_output=True, text=True)
+    assert dry.returncode == 0 and "-m jupyter lab --notebook-dir=notebooks" in dry.stdout
+    version = subprocess.run([sys.executable, "-m", "jupyter", "lab", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.strip()[0].isdigit()
+    kernels = subprocess.run([sys.executable, "-m", "jupyter", "kernelspec", "list"], capture_output=True, text=True)
+    assert "sparsekv" in kernels.stdout
