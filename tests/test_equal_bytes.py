@@ -149,6 +149,8 @@ def test_peer_methods_reject_bad_configurations():
         peers.PeerMethod("x", "evict", "SnapKVPress", 1.0)
     with pytest.raises(ValueError, match="bits in"):
         peers.PeerMethod("x", "quant", bits=3)
+    with pytest.raises(ValueError, match="backend must be 'hqq'"):
+        peers.PeerMethod("x", "quant", bits=4, backend="quanto")
 
 
 def test_peer_methods_keep_the_routers_budget_of_context_tokens():

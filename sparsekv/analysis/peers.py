@@ -1,7 +1,7 @@
 """Lossy KV peers on the real model, run through transformers: kvpress eviction and quantised KV caches.
 
 The peers are the libraries themselves, not re-implementations: kvpress presses (context managers that
-compress the cache at prefill) and transformers' `QuantizedCache` with a real backend (HQQ, or quanto).
+compress the cache at prefill) and transformers' `QuantizedCache` with a real backend (HQQ).
 Prompt formatting is ours, not a pipeline's: every method gets the same token ids (`turns.TwoFacts`), so
 the comparison is the cache and nothing else.
 
@@ -44,7 +44,7 @@ class PeerMethod:
     press: str | None = None
     ratio: float = 0.0
     bits: int | None = None
-    backend: str = "hqq"
+    backend: str = "hqq"          # the one backend whose held bytes `held_bytes` can measure
     group: int = 64
     residual: int = 128
     sees_question: bool = False
@@ -56,6 +56,8 @@ class PeerMethod:
             raise ValueError(f"an 'evict' method needs a press and a ratio in [0, 1), got {self.press!r}, {self.ratio}")
         if self.family == "quant" and self.bits not in (2, 4, 8):
             raise ValueError(f"a 'quant' method needs bits in (2, 4, 8), got {self.bits!r}")
+        if self.family == "quant" and self.backend != "hqq":
+            raise ValueError(f"a 'quant' method's backend must be 'hqq' (its bytes are measured), got {self.backend!r}")
 
 
 @dataclass
@@ -104,18 +106,12 @@ def held_bytes(cache) -> tuple[int, int]:
 
 
 def _quantized_bytes(q) -> int:
-    if isinstance(q, tuple):                       # HQQ: (packed codes, meta with scale and zero)
-        codes, meta = q
-        extra = sum(v.numel() * v.element_size() for v in meta.values() if isinstance(v, torch.Tensor))
-        return codes.numel() * codes.element_size() + extra
-    n = 0                                          # quanto: a QTensor with _data and _scale (and _shift)
-    for name in ("_data", "_scale", "_shift"):
-        t = getattr(q, name, None)
-        if isinstance(t, torch.Tensor):
-            n += t.numel() * t.element_size()
-        elif t is not None and hasattr(t, "_data"):
-            n += _quantized_bytes(t)
-    return n
+    """Bytes of HQQ's quantised tensor (packed codes, plus the tensors of its meta: scale and zero-point)."""
+    if not isinstance(q, tuple):
+        raise TypeError(f"expected HQQ's (codes, meta) tuple, got {type(q).__name__}: only backend 'hqq' is measured")
+    codes, meta = q
+    extra = sum(v.numel() * v.element_size() for v in meta.values() if isinstance(v, torch.Tensor))
+    return codes.numel() * codes.element_size() + extra
 
 
 @torch.no_grad()

@@ -373,10 +373,9 @@ class BlockStore:
         sequence that holds them.
         """
         self.check_seq(seq)
-        c = self.config
-        tiles = c.num_layers * seq.num_blocks * c.num_kv_heads
-        per_tile = sum(s.bytes_per_tile(c) for s in self._summaries.values())
-        return tiles * (2 * c.tile_bytes + per_tile)
+        held = (self.k, self.v, *self._summary_data.values(), *((self.k_scale, self.v_scale) if self.quantized else ()))
+        # per tensor: the bytes of one physical block across all layers (axis 1 is the block), as allocated
+        return seq.num_blocks * sum(t[:, 0].numel() * t.element_size() for t in held)
 
     def summary_bytes(self) -> int:
         """Bytes of all per-block summaries the store keeps, reported apart from KV."""
