@@ -22,6 +22,8 @@ from .routing.router import ROUTERS, Router, RouterConfig, Selection
 from .routing.scorers import SCORERS, Scorer, register_scorer
 from .routing.selectors import SELECTORS, Selector, register_selector
 from .storage.block_pool import BlockPool, StoreFullError
+from .storage.cold import ColdBlockError
+from .storage.placement import PLACEMENTS, PlacementPolicy, register_placement
 from .storage.eviction import EvictionPolicy, register_policy
 from .storage.prefix_cache import PrefixCache, PrefixMatch
 from .storage.store import BlockStore, Reservation, Sequence, StoreConfig
@@ -29,7 +31,8 @@ from .storage.summaries import SUMMARIES, Summary, register_summary
 from .analysis import metrics, probes
 
 __all__ = [
-    "StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError", "BlockPool",
+    "StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError", "BlockPool", "ColdBlockError",
+    "PLACEMENTS", "PlacementPolicy", "register_placement",
     "dense_attention", "sparse_attention", "batch_attention", "prefill_attention", "all_blocks", "AttentionResult",
     "block_attention_mass", "StepTraffic", "Router", "RouterConfig", "Selection", "ROUTERS", "SCORERS", "Scorer",
     "register_scorer", "SELECTORS", "Selector", "register_selector", "EvictionPolicy", "register_policy",

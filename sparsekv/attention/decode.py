@@ -223,16 +223,18 @@ def _sparse_torch_batch(q, store, seqs, layer, blocks):
     sel = torch.full((B, H, K), -1, dtype=torch.long, device=q.device)
     phys = torch.zeros((B, H, K), dtype=torch.long, device=q.device)
     ntok = torch.tensor([s.num_tokens for s in seqs], device=q.device)
+    kv = store.layer_kv(layer, seqs, blocks)           # rows of the tiles read (hot ones with a cold tier)
     for b, (seq, blk) in enumerate(zip(seqs, blocks)):                      # per sequence, not per block
         sel[b, :, :blk.shape[1]] = blk
-        phys[b] = store.block_table(seq)[sel[b].clamp(min=0)]
-    rows = (phys + torch.arange(H, device=q.device)[None, :, None] * c.num_blocks).view(-1)
+        phys[b] = kv.tables[b][sel[b].clamp(min=0)].clamp(min=0)          # padding reads row 0, then is masked
+    R = kv.k.shape[0]
+    rows = (phys + torch.arange(H, device=q.device)[None, :, None] * R).view(-1)
     ws = store.workspace
-    kt = torch.index_select(_rows_view(store.k, layer, c), 0, rows, out=ws.take("k", (B * H * K, bs, D), store.k.dtype))
-    vt = torch.index_select(_rows_view(store.v, layer, c), 0, rows, out=ws.take("v", (B * H * K, bs, D), store.v.dtype))
+    kt = torch.index_select(_rows_view(kv.k, c), 0, rows, out=ws.take("k", (B * H * K, bs, D), kv.k.dtype))
+    vt = torch.index_select(_rows_view(kv.v, c), 0, rows, out=ws.take("v", (B * H * K, bs, D), kv.v.dtype))
     if store.quantized:                                  # int8 codes times their per-token scales
-        ks = torch.index_select(store.k_scale[layer].transpose(0, 1).reshape(-1, bs), 0, rows)
-        vs = torch.index_select(store.v_scale[layer].transpose(0, 1).reshape(-1, bs), 0, rows)
+        ks = torch.index_select(kv.k_scale.transpose(0, 1).reshape(-1, bs), 0, rows)
+        vs = torch.index_select(kv.v_scale.transpose(0, 1).reshape(-1, bs), 0, rows)
         kt, vt = kt.to(cd) * ks[..., None], vt.to(cd) * vs[..., None]
     kt, vt = kt.view(B * H, K * bs, D), vt.view(B * H, K * bs, D)
     pos = sel.clamp(min=0)[..., None] * bs + torch.arange(bs, device=q.device)      # [B, H, K, bs]
@@ -244,9 +246,9 @@ def _sparse_torch_batch(q, store, seqs, layer, blocks):
     return out.view(B, H * G, D).to(q.dtype), lse.view(B, H * G).float()
 
 
-def _rows_view(t: torch.Tensor, layer: int, c) -> torch.Tensor:
-    """A head-major K or V layer as [H * NB, bs, D] (a view: no copy)."""
-    return t[layer].transpose(0, 1).reshape(-1, c.block_size, c.head_dim)
+def _rows_view(t: torch.Tensor, c) -> torch.Tensor:
+    """A head-major K or V layer [R, H, bs, D] as [H * R, bs, D] (a view: no copy)."""
+    return t.transpose(0, 1).reshape(-1, c.block_size, c.head_dim)
 
 
 CONVERT_CHUNK_BYTES = 4 << 20   # float32 scratch per piece when storage is not float32
@@ -275,17 +277,18 @@ def _dense_torch(q, store, seq, layer):
     H, D, bs, N = c.num_kv_heads, c.head_dim, c.block_size, seq.num_tokens
     G, cd = q.shape[0] // H, _compute_dtype(q)
     qg = q.view(H, G, D).to(cd)
-    kh, vh = store.k[layer].transpose(0, 1), store.v[layer].transpose(0, 1)   # [H, NB, bs, D] views
+    kv = store.layer_kv(layer, [seq])
+    kh, vh = kv.k.transpose(0, 1), kv.v.transpose(0, 1)                   # [H, R, bs, D] views
     outs, lses = [], []
-    convert = store.k.dtype != cd
-    for first, p0, n in _pieces(store.physical_runs(seq), convert=convert, H=H, bs=bs, D=D):
+    convert = kv.k.dtype != cd
+    for first, p0, n in _pieces(store.runs(seq, kv.tables[0]), convert=convert, H=H, bs=bs, D=D):
         k = kh[:, p0:p0 + n].reshape(H, n * bs, D)                        # views: contiguous per head
         v = vh[:, p0:p0 + n].reshape(H, n * bs, D)
         valid = min(n * bs, N - first * bs)                                # only the last run is partial
         k, v = k[:, :valid], v[:, :valid]
         if store.quantized:                                                # int8 codes times per-token scales
-            ks = store.k_scale[layer].transpose(0, 1)[:, p0:p0 + n].reshape(H, n * bs)[:, :valid]
-            vs = store.v_scale[layer].transpose(0, 1)[:, p0:p0 + n].reshape(H, n * bs)[:, :valid]
+            ks = kv.k_scale.transpose(0, 1)[:, p0:p0 + n].reshape(H, n * bs)[:, :valid]
+            vs = kv.v_scale.transpose(0, 1)[:, p0:p0 + n].reshape(H, n * bs)[:, :valid]
             k, v = k.to(cd) * ks[..., None], v.to(cd) * vs[..., None]
         s = torch.bmm(qg, k.to(cd).transpose(1, 2), out=store.workspace.take("s", (H, G, valid), cd))
         s.mul_(1.0 / math.sqrt(D))
@@ -311,16 +314,17 @@ def _batch_triton(q, store, seqs, layer, blocks, poison: bool = False):
     from ..kernels.paged_decode import paged_decode
     dev, H = q.device, store.config.num_kv_heads
     width = max(s.num_blocks for s in seqs)
+    sel = [all_blocks(store, s) for s in seqs] if blocks is None else blocks
+    kv = store.layer_kv(layer, seqs, None if blocks is None else sel)
     tables = torch.zeros(len(seqs), width, dtype=torch.int32, device=dev)
     for b, s in enumerate(seqs):
-        tables[b, :s.num_blocks] = store.block_table(s)
-    sel = [all_blocks(store, s) for s in seqs] if blocks is None else blocks
+        tables[b, :s.num_blocks] = kv.tables[b].clamp(min=0)              # unread blocks' rows are never used
     K = max(x.shape[1] for x in sel)
     selection = torch.full((len(seqs), H, K), -1, dtype=torch.int32, device=dev)
     for b, x in enumerate(sel):
         selection[b, :, :x.shape[1]] = x
     lens = torch.tensor([s.num_tokens for s in seqs], dtype=torch.int32, device=dev)
-    return paged_decode(q, store.k[layer], store.v[layer], tables, lens, selection, poison=poison)
+    return paged_decode(q, kv.k, kv.v, tables, lens, selection, poison=poison)
 
 
 def _batch_reference(q, store, seqs, layer, blocks):
@@ -356,8 +360,9 @@ def _sparse_cpp(q, store, seq, layer, blocks):
     if not cpp_applies(q, store):
         return _sparse_torch(q, store, seq, layer, blocks)
     from ..kernels.cpu_decode import paged_decode
-    k, v = store.k[layer].transpose(0, 1), store.v[layer].transpose(0, 1)        # [H, NB, bs, D], contiguous
-    out, lse = paged_decode(q.float().contiguous(), k, v, store.block_table(seq), blocks.contiguous(), seq.num_tokens)
+    kv = store.layer_kv(layer, [seq], [blocks])
+    k, v = kv.k.transpose(0, 1), kv.v.transpose(0, 1)                              # [H, R, bs, D], contiguous
+    out, lse = paged_decode(q.float().contiguous(), k, v, kv.tables[0].clamp(min=0), blocks.contiguous(), seq.num_tokens)
     return out.to(q.dtype), lse
 
 

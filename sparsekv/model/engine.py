@@ -96,6 +96,17 @@ class EngineConfig:
     cache_low_watermark: float | None = None   #   finish() once pool use passes the high one
     progress: bool = True                      # a progress bar on long prefills
     record_selections: bool = False            # keep each step's selected blocks (for rasters)
+    cold_dir: str | None = None                # a cold tier for K/V tiles in this directory (StoreConfig.cold_dir)
+    hot_blocks: int | None = None              # with cold_dir: K/V tiles per layer kept in memory
+    placement: str = "lru"                     # with cold_dir: which hot tiles are demoted first
+    prefetch: int = 0                          # with cold_dir and a router: after each routed layer, read ahead
+                                               #   the `prefetch` blocks per kv head ranked next after the
+                                               #   selection (by this step's mass): a guess at the next step's
+
+    def __post_init__(self):
+        check_int("prefetch", self.prefetch, lo=0)
+        if self.prefetch and self.cold_dir is None:
+            raise ValueError("prefetch reads ahead from a cold tier: set cold_dir (and hot_blocks) too")
 
 
 class Engine:
@@ -129,7 +140,12 @@ class Engine:
         self.record_selections = record_selections
         self.store = BlockStore(StoreConfig(num_layers=max(1, len(c.attn_layers)), num_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
                                             block_size=block_size, num_blocks=num_blocks,
-                                            dtype=kv_dtype or model.dtype, kv_bits=cfg.kv_bits))
+                                            dtype=kv_dtype or model.dtype, kv_bits=cfg.kv_bits,
+                                            cold_dir=cfg.cold_dir, hot_blocks=cfg.hot_blocks,
+                                            placement=cfg.placement))
+        if self.store.tiers is not None:
+            # A prefill chunk's writes must fit the hot tier (BlockStore.reserve): cap the chunk to it.
+            self.chunk_size = max(1, min(chunk_size, (self.store.config.hot_blocks - 1) * block_size))
         self._states: dict[int, _State] = {}
         self.prefix_cache = None
         if prefix_cache:
@@ -173,6 +189,10 @@ class Engine:
         del self._states[seq.seq_id]
         if self.prefix_cache is not None:
             self.prefix_cache.maintain()
+
+    def close(self) -> None:
+        """Delete the store's cold file, if any (also done when the engine is collected)."""
+        self.store.close()
 
     def warmup(self, name: str, token_ids, namespace=None) -> int:
         """Start-up warm-up: prefill `token_ids` once, cache its blocks and pin them under `name`
@@ -298,6 +318,8 @@ class Engine:
                 return out[None]
             sel = plan.route(router, layer, q[0])
             out, res = plan.sparse(layer, q[0], sel.blocks)
+            if self.config.prefetch:
+                self._prefetch(seq, layer, sel)
             step.blocks_read += res.blocks_read
             step.kv_bytes += res.kv_bytes
             if step.selections is not None:
@@ -308,6 +330,14 @@ class Engine:
         return attend
 
     # -- internals ------------------------------------------------------------------------
+    def _prefetch(self, seq: Sequence, layer: int, sel) -> None:
+        """Read ahead, for the next step, the selection widened by `config.prefetch` blocks per kv head
+        (the next ranked by this step's mass); only tiles in the cold tier are read."""
+        K = sel.blocks.shape[1] + self.config.prefetch
+        ranked = sel.mass.topk(min(K, sel.mass.shape[1]), dim=1).indices          # [H, K'] logical blocks
+        ids = torch.unique(self.store.block_table(seq)[ranked.flatten()])
+        self.store.prefetch(layer, ids.tolist())
+
     def _forward(self, seq: Sequence, ids: torch.Tensor, attend) -> torch.Tensor:
         res = self.store.reserve(seq, len(ids))
         positions = torch.arange(res.start, res.start + len(ids))

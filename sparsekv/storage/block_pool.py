@@ -6,7 +6,7 @@ book-keeping that makes sharing safe; `store.py` owns the K/V memory those ids i
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 
 class StoreFullError(RuntimeError):
@@ -51,6 +51,8 @@ class BlockPool:
     4. Released ids (ref count reaching 0) go to the evictor if it caches them, else to the
        back of the free queue, in the order given.
     5. Referencing an evictable id (a cache hit) takes it back from the evictor.
+    6. Every id whose content dies (it enters the free queue, or the evictor gives it up) is passed
+       to each callback in `on_dead`, in order, before it can be handed out again.
     """
 
     def __init__(self, num_blocks: int):
@@ -61,6 +63,7 @@ class BlockPool:
         # OrderedDict as an O(1) queue with remove-from-middle.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.evictor: Evictor | None = None
+        self.on_dead: list[Callable[[list[int]], None]] = []    # told of ids whose content died (a cold tier drops them)
 
     # -- queries ---------------------------------------------------------------------
     @property
@@ -88,17 +91,21 @@ class BlockPool:
         k = min(n, len(self._free))
         out = [self._free.popitem(last=False)[0] for _ in range(k)]
         if n > k:
-            out += self.evictor.evict(n - k)
+            evicted = self.evictor.evict(n - k)
+            self._died(evicted)
+            out += evicted
         for b in out:
             self.ref_counts[b] = 1
         return out
 
     def make_free(self, block_ids: Iterable[int]) -> None:
         """Put ids the evictor has just evicted (ref count 0, forgotten) at the back of the free queue."""
+        block_ids = list(block_ids)
         for b in block_ids:
             if self.ref_counts[b] != 0 or b in self._free:
                 raise RuntimeError(f"block {b} is not an evicted block")
             self._free[b] = None
+        self._died(block_ids)
 
     def incref(self, block_ids: Iterable[int]) -> None:
         """Add a reference to each id, taking it out of the free queue or the evictor."""
@@ -112,7 +119,7 @@ class BlockPool:
 
     def decref(self, block_ids: Iterable[int]) -> list[int]:
         """Drop a reference from each id; returns the ids that reached zero."""
-        released = []
+        released, died = [], []
         for b in block_ids:
             if self.ref_counts[b] <= 0:
                 raise RuntimeError(f"block {b} released more often than it was referenced")
@@ -122,5 +129,12 @@ class BlockPool:
                     self.evictor.on_release(b)
                 else:
                     self._free[b] = None
+                    died.append(b)
                 released.append(b)
+        self._died(died)
         return released
+
+    def _died(self, block_ids: list[int]) -> None:
+        if block_ids:
+            for callback in self.on_dead:
+                callback(block_ids)

@@ -221,9 +221,21 @@ class PrefixCache:
             raise ValueError(f"name {name!r} is not pinned; pinned: {sorted(self._pins)}")
         self.store.pool.decref(self._pins.pop(name))
 
+    def spill(self) -> int:
+        """Move the hot tiles of every evictable (released, still cached) block to the store's cold tier,
+        as LMCache's local-disk backend does: the blocks keep their digests and still hit, and a hit reads
+        them back exactly. Returns the tiles moved (0 without a cold tier)."""
+        return self.store.spill(list(self._evictable))
+
     def maintain(self) -> int:
         """Background eviction: above the high watermark (occupied share of blocks), evict
-        evictable blocks down to the low watermark. Returns blocks evicted."""
+        evictable blocks down to the low watermark. Returns blocks evicted.
+
+        With a cold tier, evictable blocks are spilled to it first (`spill`): hot memory goes back to
+        the hot tier while the blocks stay cached; the watermarks then bound the blocks the cache holds
+        in both tiers, and only eviction forgets."""
+        if self.store.tiers is not None:
+            self.spill()
         if self.high is None:
             return 0
         pool = self.store.pool

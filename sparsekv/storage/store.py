@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 from .block_pool import BlockPool, StoreFullError
+from .cold import ColdBlockError, ColdFile
+from .placement import PLACEMENTS
 from .summaries import DEFAULT_SUMMARIES, SUMMARIES, Tiles, cast, make_summary
-from ..core.checks import check_int, check_tensor
+from .tiers import TierTable
+from ..core.checks import check_choice, check_int, check_tensor
 from ..core.workspace import Workspace
 
 SCALE_BYTES = 4        # one float32 scale per (token, kv head) and tensor when kv_bits == 8
@@ -64,6 +68,10 @@ class StoreConfig:
     kv_bits: int = 0         # 0: K/V stored in `dtype`; 8: int8 codes, one float32 scale per (token, kv head)
     summary_dtype: torch.dtype | str | None = None   # summaries' dtype (None: `dtype`); bf16 halves routing bytes,
                                                      # with min rounded down and max rounded up (bounds stay safe)
+    cold_dir: str | os.PathLike | None = None   # a cold tier: K/V tiles beyond the hot ones live in a file here
+    hot_blocks: int | None = None    # with cold_dir: K/V slots per layer in memory (None: num_blocks, all can be hot)
+    placement: str = "lru"           # which hot tiles are demoted first (`storage.placement`)
+    cold_direct: bool = True         # open the cold file with O_DIRECT where the file system allows it
 
     def __post_init__(self):
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size", "num_blocks"):
@@ -80,11 +88,34 @@ class StoreConfig:
         if isinstance(self.summaries, str) or not all(isinstance(n, str) for n in self.summaries):
             raise TypeError(f"summaries must be a tuple of summary names, got {self.summaries!r}")
         self.summaries = tuple(self.summaries)
+        if self.cold_dir is None:
+            if self.hot_blocks is not None:
+                raise ValueError("hot_blocks needs a cold tier: set cold_dir to a directory for the cold file")
+        else:
+            if not isinstance(self.cold_dir, (str, os.PathLike)):
+                raise TypeError(f"cold_dir must be a path (str or os.PathLike), got {type(self.cold_dir).__name__}")
+            if not os.path.isdir(self.cold_dir):
+                raise ValueError(f"cold_dir must be an existing directory, got {str(self.cold_dir)!r}")
+            if not os.access(self.cold_dir, os.W_OK | os.X_OK):
+                raise ValueError(f"cold_dir must be writable, and {str(self.cold_dir)!r} is not")
+            self.hot_blocks = self.num_blocks if self.hot_blocks is None else self.hot_blocks
+            check_int("hot_blocks", self.hot_blocks, lo=1, hi=self.num_blocks)
+        check_choice("placement", self.placement, PLACEMENTS)
         unknown = [n for n in self.summaries if n not in SUMMARIES]
         if unknown or len(set(self.summaries)) != len(self.summaries):
             raise ValueError(f"summaries must be distinct names from {sorted(SUMMARIES)}, got {self.summaries!r}")
 
     # -- derived sizes (bytes) ----------------------------------------------------------
+    @property
+    def tiered(self) -> bool:
+        """True when K/V tiles can live in a cold tier (`cold_dir` set)."""
+        return self.cold_dir is not None
+
+    @property
+    def kv_rows(self) -> int:
+        """Tiles per layer the in-memory K/V tensors hold: `hot_blocks` with a cold tier, else `num_blocks`."""
+        return self.hot_blocks if self.tiered else self.num_blocks
+
     @property
     def itemsize(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
@@ -107,6 +138,25 @@ class StoreConfig:
     def summary_bytes_per_tile(self) -> int:
         """Bytes of the min, max and mean summaries of one tile (what minmax+mean read)."""
         return sum(make_summary(n).bytes_per_tile(self) for n in ("kmin", "kmax", "kmean"))
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's K/V as attention reads them (`BlockStore.layer_kv`).
+
+    k, v       [R, H, bs, D] tiles (head-major in memory: `k.transpose(0, 1)` is contiguous), in the
+               store's dtype, or int8 codes when the store is quantized; R is the rows held.
+    k_scale,   [R, H, bs] float32 per-token scales of int8 codes (None for float storage).
+    v_scale
+    tables     per sequence, [nb] int64 on the store device: the row of each logical block, -1 for
+               blocks the call does not read (never dereferenced).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    tables: tuple[torch.Tensor, ...]
 
 
 @dataclass
@@ -170,37 +220,57 @@ class BlockStore:
     8. Summaries (those named in `config.summaries`, from the `storage.summaries` registry) of
        every written block equal those computed from its valid tokens, per layer and kv head,
        after every write.
+    9. With a cold tier (`config.cold_dir`), each (layer, block) tile is empty, hot or cold, never
+       two at once (`storage.tiers`); every read returns exactly what was written, whichever tier
+       served it, and a cold tile that fails its checksum raises `ColdBlockError` and is never served.
+       Summaries and the block table are always in memory. Block ids are what sequences, the prefix
+       cache and routers see; where a tile sits is the store's business (`layer_kv`).
     """
 
     def __init__(self, config: StoreConfig):
         if not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         c = self.config = config
-        # K/V have the documented shape [L, NB, H, bs, D] but live head-major in memory
-        # ([L, H, NB, bs, D] contiguous): every tile is one contiguous bs x D slab, and a run of
+        # K/V have the documented shape [L, NB, H, bs, D] (NB = hot_blocks with a cold tier) but live
+        # head-major in memory ([L, H, NB, bs, D] contiguous): every tile is one contiguous bs x D slab, and a run of
         # consecutive physical blocks of one kv head is one contiguous [n * bs, D] matrix, which
         # dense decode multiplies without copying.
+        R = c.kv_rows                           # in-memory tiles per layer: hot slots with a cold tier
+
         def tiles():
             dtype = torch.int8 if c.kv_bits == 8 else c.dtype
-            return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.block_size, c.head_dim,
+            return torch.zeros(c.num_layers, c.num_kv_heads, R, c.block_size, c.head_dim,
                                dtype=dtype, device=c.device).transpose(1, 2)
 
         self.k, self.v = tiles(), tiles()
-        # int8 K/V: a symmetric scale per (token, kv head), [L, NB, H, bs] float32 (head-major like K/V);
+        # int8 K/V: a symmetric scale per (token, kv head), [L, R, H, bs] float32 (head-major like K/V);
         # the value of a stored element is code * scale. None for float storage.
         self.k_scale = self.v_scale = None
         if c.kv_bits == 8:
             def scales():
-                return torch.zeros(c.num_layers, c.num_kv_heads, c.num_blocks, c.block_size,
+                return torch.zeros(c.num_layers, c.num_kv_heads, R, c.block_size,
                                    dtype=torch.float32, device=c.device).transpose(1, 2)
             self.k_scale, self.v_scale = scales(), scales()
-        # Each summary allocates its own storage (`storage.summaries`: [L, NB, H, *extra, D]).
+        # Each summary allocates its own storage (`storage.summaries`: [L, NB, H, *extra, D]); summaries
+        # are indexed by block id and never leave memory, so routing never waits for the cold tier.
         self._summaries = {n: make_summary(n) for n in c.summaries}
         self._summary_data = {n: s.allocate(c) for n, s in self._summaries.items()}
         self.pool = BlockPool(c.num_blocks)
         self._fill = [0] * c.num_blocks          # valid tokens in each physical block
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
+        # The cold tier (`storage.tiers`): K/V rows are hot slots, found through `tiers.slot_of`.
+        self.tiers: TierTable | None = None
+        if c.tiered:
+            if c.device.type != "cpu":
+                raise ValueError(f"a cold tier needs a CPU store for now (device={c.device}); set cold_dir=None")
+            tensors = {"k": self.k, "v": self.v}
+            if self.quantized:
+                tensors.update(k_scale=self.k_scale, v_scale=self.v_scale)
+            record = sum(t[0, 0].numel() * t.element_size() for t in tensors.values())
+            cold = ColdFile(c.cold_dir, c.num_layers, c.num_blocks, record, direct=c.cold_direct)
+            self.tiers = TierTable(tensors, c.num_blocks, c.hot_blocks, cold, c.placement)
+            self.pool.on_dead.append(self.tiers.reset)
         self.workspace = Workspace(c.device)     # scratch for the decode fast path
 
     # -- sequences ----------------------------------------------------------------------
@@ -267,10 +337,7 @@ class BlockStore:
         """
         table = self.block_table(seq)
         if "runs" not in seq._cache:
-            breaks = (torch.nonzero(table[1:] != table[:-1] + 1).flatten() + 1).tolist()
-            starts = [0] + breaks
-            ends = breaks + [len(table)]
-            seq._cache["runs"] = [(a, int(table[a]), b - a) for a, b in zip(starts, ends)]
+            seq._cache["runs"] = _runs(table)
         return seq._cache["runs"]
 
     # -- writing ------------------------------------------------------------------------
@@ -289,6 +356,11 @@ class BlockStore:
         if needed > self.pool.num_free:
             raise StoreFullError(needed, self.pool.num_free, what=f"reserving {num_tokens} tokens")
         bs = self.config.block_size
+        span = (seq.num_tokens + num_tokens - 1) // bs - seq.num_tokens // bs + 1     # blocks a write touches
+        if self.tiers is not None and span > self.config.hot_blocks:
+            raise ValueError(f"num_tokens={num_tokens} spans {span} blocks but hot_blocks={self.config.hot_blocks}: "
+                             f"a write must fit the hot tier; append in chunks of at most "
+                             f"{(self.config.hot_blocks - 1) * bs} tokens")
         if seq.num_tokens % bs and self.pool.ref_counts[seq._blocks[-1]] > 1:
             seq._blocks[-1] = self._copy_on_write(seq._blocks[-1])
         seq._blocks.extend(self.pool.allocate(math.ceil((seq.num_tokens + num_tokens) / bs) - len(seq._blocks)))
@@ -335,17 +407,20 @@ class BlockStore:
 
     # -- reading ------------------------------------------------------------------------
     def gather(self, seq: Sequence, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """All K and V of `seq` in one layer, each [num_tokens, num_kv_heads, head_dim] (a copy)."""
+        """All K and V of `seq` in one layer, each [num_tokens, num_kv_heads, head_dim] in `config.dtype` (a copy)."""
         self.check_seq(seq)
         c = self.config
         check_int("layer", layer, lo=0, hi=c.num_layers - 1)
-        table = self.block_table(seq)
+        kv = self.layer_kv(layer, [seq])
+        rows = kv.tables[0]
 
-        def _one(which):  # [n, H, bs, D] -> [n * bs, H, D] -> first num_tokens rows
-            t = self.tiles(which, layer, table).transpose(1, 2).reshape(-1, c.num_kv_heads, c.head_dim)
-            return t[: seq.num_tokens]
+        def _one(codes, scale):  # [n, H, bs, D] -> [n * bs, H, D] -> first num_tokens rows
+            t = codes[rows]
+            if scale is not None:
+                t = (t.float() * scale[rows][..., None]).to(c.dtype)
+            return t.transpose(1, 2).reshape(-1, c.num_kv_heads, c.head_dim)[: seq.num_tokens]
 
-        return _one("k"), _one("v")
+        return _one(kv.k, kv.k_scale), _one(kv.v, kv.v_scale)
 
     @property
     def quantized(self) -> bool:
@@ -353,12 +428,73 @@ class BlockStore:
         return self.k_scale is not None
 
     def tiles(self, which: str, layer: int, idx: torch.Tensor) -> torch.Tensor:
-        """K or V tiles of physical blocks `idx` in `layer`, [n, H, bs, D] in `config.dtype` (dequantised when int8)."""
-        codes = (self.k if which == "k" else self.v)[layer, idx]
-        if not self.quantized:
+        """K or V tiles of physical blocks `idx` in `layer`, [n, H, bs, D] in `config.dtype` (dequantised when int8).
+
+        With a cold tier, hot tiles are read in place and cold ones from the file; nothing moves between tiers.
+        """
+        if which not in ("k", "v"):
+            raise ValueError(f"which must be 'k' or 'v', got {which!r}")
+        if self.tiers is None:
+            codes = (self.k if which == "k" else self.v)[layer, idx]
+            scale = None if not self.quantized else (self.k_scale if which == "k" else self.v_scale)[layer, idx]
+        else:
+            ids = idx.reshape(-1).cpu()
+            slots = self.tiers.slot_of[layer, ids]
+            if bool((slots >= 0).all()):
+                codes = (self.k if which == "k" else self.v)[layer, slots]
+                scale = None if not self.quantized else (self.k_scale if which == "k" else self.v_scale)[layer, slots]
+            else:
+                parts = self.tiers.stage(layer, ids.numpy())
+                codes, scale = parts[which], parts.get(f"{which}_scale")
+            codes = codes.view(*idx.shape, *codes.shape[1:])
+            scale = None if scale is None else scale.view(*idx.shape, *scale.shape[1:])
+        if scale is None:
             return codes
-        scale = (self.k_scale if which == "k" else self.v_scale)[layer, idx]
         return (codes.float() * scale[..., None]).to(self.config.dtype)
+
+    def layer_kv(self, layer: int, seqs: list[Sequence], blocks: list[torch.Tensor] | None = None) -> "LayerKV":
+        """K/V of `layer` as attention reads them, with each sequence's logical blocks mapped to rows.
+
+        blocks: None (every block of every sequence is read) or one selection [H, K] of logical block
+        indices per sequence, padded with -1. Without a cold tier this is the store's tensors and block
+        tables, unchanged. With one, the tiles read are made hot first (promoted from the cold tier,
+        demoting others by the placement policy); a set larger than the hot tier is staged in a scratch
+        copy instead. Rows of blocks that are not read are -1 in `tables`.
+        """
+        if self.tiers is None:
+            return LayerKV(self.k[layer], self.v[layer],
+                           None if self.k_scale is None else self.k_scale[layer],
+                           None if self.v_scale is None else self.v_scale[layer],
+                           tuple(self.block_table(s) for s in seqs))
+        tables = [self.block_table(s).cpu() for s in seqs]
+        if blocks is None:
+            needed = torch.cat(tables)
+        else:
+            needed = torch.cat([t[b[b >= 0].cpu()] for t, b in zip(tables, blocks)])
+        ids = torch.unique(needed)
+        dev = self.config.device
+        if self.tiers.acquire(layer, ids.numpy()):
+            rows = [self.tiers.slot_of[layer][t] for t in tables]          # -1 where a tile is not hot
+            return LayerKV(self.k[layer], self.v[layer],
+                           None if self.k_scale is None else self.k_scale[layer],
+                           None if self.v_scale is None else self.v_scale[layer],
+                           tuple(r.to(dev) for r in rows))
+        parts = self.tiers.stage(layer, ids.numpy())                       # [n, H, ...] in ids order
+        lookup = torch.full((self.config.num_blocks,), -1, dtype=torch.long)
+        lookup[ids] = torch.arange(len(ids))
+        head_major = {n: t.transpose(0, 1).contiguous().transpose(0, 1) for n, t in parts.items()}
+        return LayerKV(head_major["k"], head_major["v"], head_major.get("k_scale"), head_major.get("v_scale"),
+                       tuple(lookup[t].to(dev) for t in tables))
+
+    def runs(self, seq: Sequence, rows: torch.Tensor) -> list[tuple[int, int, int]]:
+        """Maximal runs of consecutive rows of `seq`'s blocks: (first logical block, first row, length).
+
+        `rows` is a table from `layer_kv`; without a cold tier it is the block table, and the cached
+        `physical_runs` are returned.
+        """
+        if self.tiers is None:
+            return self.physical_runs(seq)
+        return _runs(rows)
 
     # -- bytes --------------------------------------------------------------------------
     def kv_bytes(self) -> int:
@@ -380,6 +516,40 @@ class BlockStore:
     def summary_bytes(self) -> int:
         """Bytes of all per-block summaries the store keeps, reported apart from KV."""
         return sum(t.numel() * t.element_size() for t in self._summary_data.values())
+
+    # -- the cold tier ------------------------------------------------------------------
+    def spill(self, block_ids) -> int:
+        """Move every layer's hot tiles of `block_ids` to the cold tier (they stay readable, exactly).
+        Returns the tiles moved. A no-op (0) without a cold tier."""
+        if self.tiers is None:
+            return 0
+        ids = [int(b) for b in block_ids]
+        for b in ids:
+            check_int("block_ids[i]", b, lo=0, hi=self.config.num_blocks - 1)
+        return sum(self.tiers.demote(layer, ids) for layer in range(self.config.num_layers))
+
+    def prefetch(self, layer: int, block_ids) -> int:
+        """Start background reads of the cold tiles of `block_ids` in `layer` (a prediction of the next
+        reads); returns reads started. A no-op (0) without a cold tier."""
+        if self.tiers is None:
+            return 0
+        check_int("layer", layer, lo=0, hi=self.config.num_layers - 1)
+        return self.tiers.prefetch(layer, [int(b) for b in block_ids])
+
+    def cold_bytes(self) -> int:
+        """Bytes the cold file occupies on disk (0 without a cold tier)."""
+        return 0 if self.tiers is None else self.tiers.cold.file_bytes()
+
+    def close(self) -> None:
+        """Delete the cold file and stop its reader thread (idempotent; also done when the store is collected)."""
+        if self.tiers is not None:
+            self.tiers.cold.close()
+
+    def __enter__(self) -> "BlockStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- summaries ----------------------------------------------------------------------
     def summary(self, name: str) -> torch.Tensor:
@@ -426,22 +596,36 @@ class BlockStore:
 
     def _copy_on_write(self, src: int) -> int:
         (dst,) = self.pool.allocate(1)
-        for t in (self.k, self.v, *self._summary_data.values(), *([self.k_scale, self.v_scale] if self.quantized else [])):
+        kv = (self.k, self.v, *([self.k_scale, self.v_scale] if self.quantized else []))
+        if self.tiers is None:
+            for t in kv:
+                t[:, dst] = t[:, src]
+        else:                                           # per layer: a hot slot for dst, src read where it is
+            for layer in range(self.config.num_layers):
+                self.tiers.acquire(layer, [dst])
+                self.tiers.copy_tile(layer, src, dst)
+                self.tiers.dirty(layer, [dst])
+        for t in self._summary_data.values():
             t[:, dst] = t[:, src]
         self._fill[dst] = self._fill[src]
         self.pool.decref([src])
         return dst
 
     def _write(self, res: Reservation, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        rows = res.block
+        if self.tiers is not None:                     # write into the touched tiles' hot slots
+            self.tiers.acquire(layer, res.touched)     # fits: `reserve` checked the span
+            self.tiers.dirty(layer, res.touched)
+            rows = self.tiers.slot_of[layer][res.block.cpu()].to(rows.device)
         # Advanced indices separated by a slice: the indexed view is [T, H, D].
         if self.quantized:
             for codes, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
                 q, scale = quantize_int8(x)
-                codes[layer][res.block, :, res.offset] = q
-                scales[layer][res.block, :, res.offset] = scale
+                codes[layer][rows, :, res.offset] = q
+                scales[layer][rows, :, res.offset] = scale
         else:
-            self.k[layer][res.block, :, res.offset] = k
-            self.v[layer][res.block, :, res.offset] = v
+            self.k[layer][rows, :, res.offset] = k
+            self.v[layer][rows, :, res.offset] = v
         self._refresh_summaries(layer, list(res.touched))
 
     def _refresh_summaries(self, layer: int, blocks: list[int]) -> None:
@@ -454,6 +638,13 @@ class BlockStore:
         tiles = Tiles.of(self.tiles("k", layer, idx).float(), fill)          # values [n, H, bs, D]
         for name, summary in self._summaries.items():
             self._summary_data[name][layer, idx] = cast(summary.compute(tiles, c), c.summary_dtype, summary.rounding)
+
+
+def _runs(table: torch.Tensor) -> list[tuple[int, int, int]]:
+    """Maximal runs of consecutive values of `table` [n]: (first index, first value, length)."""
+    breaks = (torch.nonzero(table[1:] != table[:-1] + 1).flatten() + 1).tolist()
+    starts, ends = [0] + breaks, breaks + [len(table)]
+    return [(a, int(table[a]), b - a) for a, b in zip(starts, ends)]
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -469,7 +660,7 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scale
 
 
-__all__ = ["StoreConfig", "BlockStore", "Sequence", "Reservation", "StoreFullError"]
+__all__ = ["StoreConfig", "BlockStore", "Sequence", "Reservation", "LayerKV", "StoreFullError", "ColdBlockError"]
 
 
 def check_decode_query(store, q, seq, layer: int) -> None:
