@@ -47,6 +47,7 @@ class StepStats:
     kv_bytes: int          # K/V bytes read by attention
     route_bytes: int       # summary and index bytes read to route
     selections: dict | None = None   # layer -> [H, K] blocks read (Engine(record_selections=True))
+    masses: dict | None = None       # layer -> [H, nb] the router's block distribution (record_selections)
 
 
 @dataclass
@@ -291,7 +292,7 @@ class Engine:
     def _step(self, seq: Sequence, st: _State, tok: int, router, observer=None) -> torch.Tensor:
         """One decode step on token `tok`: forward, record its stats, return (and keep) its logits."""
         st.tokens.append(tok)
-        step = StepStats(0.0, 0, 0, 0, {} if self.record_selections else None)
+        step = StepStats(0.0, 0, 0, 0, *(({}, {}) if self.record_selections else (None, None)))
         t0 = time.perf_counter()
         logits = self._forward(seq, torch.tensor([tok]), attend=self._decode_attend(seq, router, step, observer))
         step.seconds = time.perf_counter() - t0
@@ -324,6 +325,7 @@ class Engine:
             step.kv_bytes += res.kv_bytes
             if step.selections is not None:
                 step.selections[layer] = sel.blocks.clone()
+                step.masses[layer] = sel.mass.clone()
             step.route_bytes += res.traffic.index_bytes + sel.traffic.total
             return out[None]
 

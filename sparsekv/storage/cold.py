@@ -180,6 +180,10 @@ class ColdFile:
             raise ColdBlockError(layer, block, f"checksum mismatch (crc32 {got:#010x}, written {crc:#010x})")
         return torch.from_numpy(data.copy())
 
+    def reset_stats(self) -> None:
+        with self._lock:
+            self.stats = ColdStats()
+
     # -- the page cache -----------------------------------------------------------------
     def drop_cache(self) -> None:
         """Flush the file and drop its pages from the OS page cache (a no-op under O_DIRECT)."""

@@ -473,7 +473,7 @@ class BlockStore:
             needed = torch.cat([t[b[b >= 0].cpu()] for t, b in zip(tables, blocks)])
         ids = torch.unique(needed)
         dev = self.config.device
-        if self.tiers.acquire(layer, ids.numpy()):
+        if self.tiers.acquire(layer, ids.numpy(), unique=True):
             rows = [self.tiers.slot_of[layer][t] for t in tables]          # -1 where a tile is not hot
             return LayerKV(self.k[layer], self.v[layer],
                            None if self.k_scale is None else self.k_scale[layer],
@@ -614,7 +614,7 @@ class BlockStore:
     def _write(self, res: Reservation, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         rows = res.block
         if self.tiers is not None:                     # write into the touched tiles' hot slots
-            self.tiers.acquire(layer, res.touched)     # fits: `reserve` checked the span
+            self.tiers.acquire(layer, res.touched, unique=True)     # fits: `reserve` checked the span
             self.tiers.dirty(layer, res.touched)
             rows = self.tiers.slot_of[layer][res.block.cpu()].to(rows.device)
         # Advanced indices separated by a slice: the indexed view is [T, H, D].

@@ -85,6 +85,7 @@ class TierTable:
         self.state = np.zeros((L, num_blocks), dtype=np.int8)
         self.clean = np.zeros((L, num_blocks), dtype=bool)       # the disk record equals the content
         self.slot_of = torch.full((L, num_blocks), -1, dtype=torch.long)
+        self._slots = self.slot_of.numpy()      # the same memory, for numpy indexing on the host
         self.block_of = np.full((L, hot_blocks), -1, dtype=np.int64)
         self.last_use = np.zeros((L, hot_blocks), dtype=np.int64)
         self.installed = np.zeros((L, hot_blocks), dtype=np.int64)
@@ -110,20 +111,22 @@ class TierTable:
         return int((self.state == COLD).sum())
 
     # -- moves ----------------------------------------------------------------------------
-    def acquire(self, layer: int, ids) -> bool:
-        """Make tiles `ids` (distinct block ids) of `layer` hot; False (nothing changed) if they exceed the tier.
+    def acquire(self, layer: int, ids, unique: bool = False) -> bool:
+        """Make tiles `ids` (block ids) of `layer` hot; False (nothing changed) if they exceed the tier.
 
-        Raises ColdBlockError (nothing installed for that tile) if a cold record fails its check.
+        unique: the caller guarantees `ids` holds no repeats (skips a sort). Raises ColdBlockError
+        (nothing installed for that tile) if a cold record fails its check.
         """
-        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        ids = np.asarray(ids, dtype=np.int64) if unique else np.unique(np.asarray(ids, dtype=np.int64))
         if len(ids) > self.hot_blocks:
             return False
         self.clock += 1
         st = self.state[layer, ids]
-        hot = ids[st == HOT]
-        self.stats.hits += len(hot)
-        missing = ids[st != HOT]
-        if len(missing):
+        is_hot = st == HOT
+        n_hot = int(is_hot.sum())
+        self.stats.hits += n_hot
+        if n_hot < len(ids):
+            missing = ids[~is_hot]
             self._make_room(layer, len(missing), keep=ids)
             for b in missing.tolist():
                 payload = self._fetch(layer, b) if self.state[layer, b] == COLD else None   # may raise: no slot taken
@@ -136,10 +139,10 @@ class TierTable:
                         t[layer, slot] = 0
                     self.stats.fresh += 1
                 self.state[layer, b] = HOT
-                self.slot_of[layer, b] = slot
+                self._slots[layer, b] = slot
                 self.block_of[layer, slot] = b
                 self.installed[layer, slot] = self.clock
-        self.last_use[layer, self.slot_of[layer, torch.from_numpy(ids)].numpy()] = self.clock
+        self.last_use[layer, self._slots[layer, ids]] = self.clock
         return True
 
     def stage(self, layer: int, ids) -> dict[str, torch.Tensor]:
@@ -149,7 +152,7 @@ class TierTable:
         for i, b in enumerate(ids.tolist()):
             s = self.state[layer, b]
             if s == HOT:
-                slot = int(self.slot_of[layer, b])
+                slot = int(self._slots[layer, b])
                 for name, t in self.tensors.items():
                     out[name][i] = t[layer, slot]
             elif s == COLD:
@@ -167,7 +170,7 @@ class TierTable:
         moved = 0
         for b in np.asarray(ids, dtype=np.int64).tolist():
             if self.state[layer, b] == HOT:
-                self._demote(layer, int(self.slot_of[layer, b]))
+                self._demote(layer, int(self._slots[layer, b]))
                 moved += 1
         return moved
 
@@ -182,7 +185,7 @@ class TierTable:
             return
         for layer in range(self.num_layers):
             for b in ids[self.state[layer, ids] == HOT].tolist():
-                slot = int(self.slot_of[layer, b])
+                slot = int(self._slots[layer, b])
                 self.block_of[layer, slot] = -1
                 self.free_slots[layer].append(slot)
             for b in ids.tolist():
@@ -191,7 +194,7 @@ class TierTable:
                     fut.cancel()
         self.state[:, ids] = EMPTY
         self.clean[:, ids] = False
-        self.slot_of[:, torch.from_numpy(ids)] = -1
+        self._slots[:, ids] = -1
 
     def prefetch(self, layer: int, ids) -> int:
         """Start background reads of the cold tiles among `ids`; returns reads started.
@@ -221,13 +224,18 @@ class TierTable:
 
     def copy_tile(self, layer: int, src: int, dst: int) -> None:
         """Copy tile `src` of `layer` into the hot slot of `dst` (hot by `acquire`); src may be cold."""
-        d = int(self.slot_of[layer, dst])
+        d = int(self._slots[layer, dst])
         if self.state[layer, src] == HOT:
-            s = int(self.slot_of[layer, src])
+            s = int(self._slots[layer, src])
             for t in self.tensors.values():
                 t[layer, d] = t[layer, s]
         elif self.state[layer, src] == COLD:
             self._unpack(layer, d, self._fetch(layer, src))
+
+    def reset_stats(self) -> None:
+        """Zero the tier's and the cold file's counters (to measure one phase, e.g. decode after prefill)."""
+        self.stats = TierStats()
+        self.cold.reset_stats()
 
     def check(self) -> None:
         """Assert invariants 1, 2 and 4 (for tests); raises AssertionError with the first violation."""
@@ -261,7 +269,7 @@ class TierTable:
             self.clean[layer, b] = True
             self.stats.demote_writes += 1
         self.state[layer, b] = COLD
-        self.slot_of[layer, b] = -1
+        self._slots[layer, b] = -1
         self.block_of[layer, slot] = -1
         self.free_slots[layer].append(slot)
         self.stats.demotions += 1
