@@ -70,11 +70,14 @@ class Lab:
     def __init__(self, root: Path, log: Path):
         self.port, self.token = _free_port(), secrets.token_hex(16)
         self.log = open(log, "w")
+        state = log.parent / "jupyter"            # runtime, config, settings and workspaces: nothing in $HOME
+        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(state / "runtime"), "JUPYTER_CONFIG_DIR": str(state / "config"),
+               "JUPYTERLAB_SETTINGS_DIR": str(state / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(state / "workspaces")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={self.port}", f"--IdentityProvider.token={self.token}",
-             f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0"],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+             f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0", "--allow-root"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root, env=env)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"

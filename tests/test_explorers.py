@@ -46,10 +46,10 @@ def test_prefix_view_finds_where_each_edit_breaks_the_chain():
                             (explore.agent_prompt(history_edit="assistant: I read the log; the failure is real."),
                              "history 1")):
         v = explore.prefix_view(base, edited, bs)
-        first = spans[segment][0]                              # the first token that differs is in this segment
-        assert v.explanation.diff_token is not None and v.explanation.diff_token >= first
-        assert v.hit_tokens == (first // bs) * bs, segment     # every block before the edit hits, none after
-        assert v.status[: first // bs] == ["hit"] * (first // bs) and "hit" not in v.status[first // bs:]
+        diff = v.explanation.diff_token                        # the first token that differs is in this segment
+        assert diff is not None and spans[segment][0] <= diff < spans[segment][1], segment
+        assert v.hit_tokens == (diff // bs) * bs, segment      # every block before the edit hits, none after
+        assert v.status[: diff // bs] == ["hit"] * (diff // bs) and "hit" not in v.status[diff // bs:]
         assert v.recomputed_tokens == v.num_tokens - v.hit_tokens
     assert len(same.status) == full + (same.num_tokens % bs > 0)
     with pytest.raises(ValueError, match="tool_order"):

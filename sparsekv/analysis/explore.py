@@ -193,30 +193,48 @@ class ReadsView:
     layer: int | None
 
 
-def facts_document(tok, length: int = 512, seed: int = 0) -> list[int]:
-    """Real prose (`analysis.corpus`) of about `length` tokens with two facts planted at 30% and 70% of it:
-    a pass key and a door code. The explorer's default document."""
-    from . import corpus
+def facts_document(tok, length: int = 512, kind: str = "filler", seed: int = 0) -> list[int]:
+    """About `length` tokens of text with two facts planted at 30% and 70% of it: a pass key and a door code.
+
+    kind: "filler" (the passkey literature's repeated filler, as notebook 09's passkey task) or "prose" (real
+    docstrings from the standard library, `analysis.corpus`; SmolLM2-135M often misses facts in it even densely).
+    """
+    from . import corpus, turns
     rng = np.random.default_rng(seed)
     key, code = int(rng.integers(10000, 99999)), int(rng.integers(10000, 99999))
-    hay = corpus.take(tok, corpus.haystack("prose"), length, offset=int(rng.integers(0, 4096)))
+    if kind == "filler":
+        hay = list(tok.encode(turns.PASSKEY_FILLER * (length // 8 + 16), add_special_tokens=False))[:length]
+    elif kind == "prose":
+        hay = corpus.take(tok, corpus.haystack("prose"), length, offset=int(rng.integers(0, 4096)))
+    else:
+        raise ValueError(f"kind must be 'filler' or 'prose', got {kind!r}")
     a, b = int(0.3 * len(hay)), int(0.7 * len(hay))
-    fact = lambda s: list(tok.encode(f" {s} ", add_special_tokens=False))
-    return hay[:a] + fact(f"The pass key is {key}.") + hay[a:b] + fact(f"The door code is {code}.") + hay[b:]
+    fact = lambda s: list(tok.encode(f"\n{s}\n", add_special_tokens=False))
+    return (hay[:a] + fact(f"The pass key is {key}. Remember it. {key} is the pass key.") + hay[a:b]
+            + fact(f"The door code is {code}. Remember it. {code} is the door code.") + hay[b:])
+
+
+_DOC, _Q = "\x00document\x00", "\x00question\x00"
 
 
 class ReadsSession:
     """The real model over one shipped document: prefilled once, then asked questions.
 
-    view(question, routers, layer) prefills the question on a fork of the document (cached per
-    question) and decodes `answer_tokens` greedy tokens densely and with each router.
+    The prompt is the model's chat template around one user message, "Read the text below." then the
+    document, then the question; the document (and the template before it) is prefilled once.
+    view(question, routers, layer) prefills the question and the template's tail on a fork of it (cached
+    per question) and decodes `answer_tokens` greedy tokens densely and with each router.
     """
 
     def __init__(self, engine, tok, document_ids, answer_tokens: int = 8):
         if not engine.record_selections:
             raise ValueError("engine must be built with record_selections=True")
         self.engine, self.tok, self.answer_tokens = engine, tok, answer_tokens
-        self.doc = [int(t) for t in document_ids]
+        text = tok.apply_chat_template([{"role": "user", "content": f"Read the text below.\n\n{_DOC}\n\n{_Q}"}],
+                                       add_generation_prompt=True, tokenize=False)
+        head, rest = text.split(_DOC)
+        self._between, self._tail = rest.split(_Q)
+        self.doc = list(tok.encode(head, add_special_tokens=False)) + [int(t) for t in document_ids]
         bs = engine.store.config.block_size
         self.block_texts = [tok.decode(self.doc[i:i + bs]) for i in range(0, len(self.doc), bs)]
         self.root = engine.new_sequence()
@@ -229,7 +247,7 @@ class ReadsSession:
                 self.engine.finish(s)
             self._asked.clear()
             seq = self.engine.fork(self.root)
-            ids = self.tok.encode(f"\n\nQuestion: {question}\nAnswer:", add_special_tokens=False)
+            ids = self.tok.encode(self._between + question + self._tail, add_special_tokens=False)
             self.engine.prefill(seq, ids)
             self._asked[question] = seq
         return self._asked[question]
