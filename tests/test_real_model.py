@@ -114,7 +114,7 @@ def test_last_token_logits_match_transformers(real, prompt):
     model, _, hf = real
     with torch.no_grad():
         ref = hf(prompt[None]).logits[0, -1]
-    eng = sk.Engine(model, block_size=16, num_blocks=64, progress=False)
+    eng = sk.Engine(model, block_size=16, num_blocks=len(prompt) // 16 + 8, progress=False)
     ours = eng.prefill(eng.new_sequence(), prompt)
     assert (ours - ref).abs().max().item() < 1e-4
 
@@ -124,13 +124,13 @@ def test_greedy_tokens_match_generate_and_full_budget_routing(real, prompt):
     model, _, hf = real
     with torch.no_grad():
         ref = hf.generate(prompt[None], max_new_tokens=32, do_sample=False, min_new_tokens=32)[0, len(prompt):].tolist()
-    eng = sk.Engine(model, block_size=16, num_blocks=128, progress=False)
+    eng = sk.Engine(model, block_size=16, num_blocks=2 * (len(prompt) // 16 + 8), progress=False)
     seq = eng.new_sequence()
     eng.prefill(seq, prompt)
     routed = eng.fork(seq)
     assert eng.decode(seq, 32, router=None) == ref
     # A token budget that covers the whole context selects every block: the same tokens.
-    every = sk.Router("minmax", token_budget=16 * 64)
+    every = sk.Router("minmax", token_budget=16 * (len(prompt) // 16 + 8))
     assert eng.decode(routed, 32, router=every) == ref
     assert eng.stats(routed).blocks_per_step == eng.stats(seq).blocks_per_step
 
@@ -140,7 +140,7 @@ def test_chunked_prefill_equals_one_shot(real, prompt):
     model = real[0]
     outs = []
     for chunk in (37, 4096):                  # odd chunks cross block boundaries
-        eng = sk.Engine(model, block_size=16, num_blocks=64, chunk_size=chunk, progress=False)
+        eng = sk.Engine(model, block_size=16, num_blocks=len(prompt) // 16 + 8, chunk_size=chunk, progress=False)
         seq = eng.new_sequence()
         outs.append((eng.prefill(seq, prompt), eng.store.gather(seq, 29)))
     (a, (ka, va)), (b, (kb, vb)) = outs

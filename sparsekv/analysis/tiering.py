@@ -3,13 +3,13 @@ and reloading a spilled prefix against recomputing it.
 
     trace = record_trace(engine, token_ids, prompt_len)          # a routed decode's selections and masses
     replay(trace, hot_blocks=32, depth=4, cold_dir=d)            # the real TierTable over that trace
-    decode_run(model, router, prompt, steps, cold_dir=d, hot_blocks=32, prefetch=4)   # TPOT, stalls, bytes
+    decode_runs(model, router, prompt, steps, [TierSetting("all hot"), TierSetting("hot 32", 32, 4)], cold_dir=d)
     ttft_reload(model, prompt, prefix_len, cold_dir=d)           # recompute vs hot hit vs reload from disk
 
 `replay` drives a `BlockStore` whose tiles are one byte wide through the trace: the placement, prefetch
 and accounting are the store's own (`storage.tiers`); only the tile contents are dummies, since hit
 rates depend on which blocks are read, not on what they hold. Between steps it waits for prefetches to
-finish, i.e. it assumes a step's compute hides one prefetch; `decode_run` measures on the real model
+finish, i.e. it assumes a step's compute hides one prefetch; `decode_runs` measures on the real model
 whether it does (the stall that remains).
 """
 from __future__ import annotations
@@ -161,36 +161,64 @@ class DecodeRun:
         return statistics.median(self.step_s)
 
 
-def decode_run(model: Model, router: Router, prompt, steps: int, block_size: int = 16, cold_dir=None,
-               hot_blocks: int | None = None, prefetch: int = 0, label: str = "", warmup: int = 2) -> DecodeRun:
-    """Prefill `prompt`, decode `warmup + steps` greedy tokens, and time the last `steps`.
+@dataclass(frozen=True)
+class TierSetting:
+    """One store layout for `decode_runs`: all hot (`hot_blocks=None`) or a cold tier with `hot_blocks` tiles per layer."""
 
-    With `cold_dir`, the store keeps `hot_blocks` tiles per layer hot; the cold tier's counters are
-    reset after the prefill, so bytes and stalls are the decode's own.
+    label: str
+    hot_blocks: int | None = None
+    prefetch: int = 0
+
+
+def decode_runs(model: Model, router: Router, prompt, steps: int, settings: list[TierSetting], block_size: int = 16,
+                cold_dir=None, rounds: int = 4, warmup: int = 2) -> list[DecodeRun]:
+    """Decode `steps` greedy tokens after `prompt` under every setting, interleaved so drift hits all alike.
+
+    Each setting gets its own engine and prefill, then `warmup` untimed steps. The timed steps run in
+    `rounds` rounds; in each, every setting decodes steps // rounds tokens in turn (the order rotates per
+    round). Before switching engines, reads still in flight are waited for, so one setting's prefetch never
+    runs during another's steps. The cold tiers' counters start after the warm-up.
     """
+    if rounds < 1 or steps % rounds:
+        raise ValueError(f"steps must be a positive multiple of rounds={rounds}, got {steps}")
     ids = torch.as_tensor(prompt, dtype=torch.long)
     nblk = -(-(len(ids) + warmup + steps) // block_size) + 4
-    kw = {} if cold_dir is None else dict(cold_dir=str(cold_dir), hot_blocks=hot_blocks, prefetch=prefetch)
-    engine = Engine(model, router=router, block_size=block_size, num_blocks=nblk, progress=False, **kw)
+    runs = []
     try:
-        seq = engine.new_sequence()
-        t0 = time.perf_counter()
-        engine.prefill(seq, ids)
-        prefill_s = time.perf_counter() - t0
-        tokens = engine.decode(seq, warmup)
-        t = engine.store.tiers
-        if t is not None:
-            t.wait_prefetches()
-            t.reset_stats()
-        tokens += engine.decode(seq, steps)
-        step_s = [s.seconds for s in engine.stats(seq).steps[warmup:]]
-        if t is None:
-            return DecodeRun(label, None, 0, tokens, step_s, 0.0, 0.0, 0.0, 1.0, "all hot", prefill_s)
-        cs = t.cold.stats
-        return DecodeRun(label, hot_blocks, prefetch, tokens, step_s, t.stats.stall_s / steps,
-                         cs.bytes_read / steps, cs.bytes_written / steps, t.stats.hit_rate, t.cold.io_mode, prefill_s)
+        for s in settings:
+            kw = {} if s.hot_blocks is None else dict(cold_dir=str(cold_dir), hot_blocks=s.hot_blocks, prefetch=s.prefetch)
+            engine = Engine(model, router=router, block_size=block_size, num_blocks=nblk, progress=False, **kw)
+            seq = engine.new_sequence()
+            t0 = time.perf_counter()
+            engine.prefill(seq, ids)
+            prefill_s = time.perf_counter() - t0
+            tokens = engine.decode(seq, warmup)
+            if engine.store.tiers is not None:
+                engine.store.tiers.wait_prefetches()
+                engine.store.tiers.reset_stats()
+            runs.append((s, engine, seq, tokens, prefill_s))
+        per = steps // rounds
+        for r in range(rounds):
+            for i in range(len(runs)):
+                s, engine, seq, tokens, _ = runs[(i + r) % len(runs)]
+                tokens += engine.decode(seq, per)
+                if engine.store.tiers is not None:
+                    engine.store.tiers.wait_prefetches()
+        out = []
+        for s, engine, seq, tokens, prefill_s in runs:
+            step_s = [st.seconds for st in engine.stats(seq).steps[warmup:]]
+            t = engine.store.tiers
+            if t is None:
+                out.append(DecodeRun(s.label, None, 0, tokens, step_s, 0.0, 0.0, 0.0, 1.0, "all hot", prefill_s))
+            else:
+                cs = t.cold.stats
+                out.append(DecodeRun(s.label, s.hot_blocks, s.prefetch, tokens, step_s, t.stats.stall_s / steps,
+                                     cs.bytes_read / steps, cs.bytes_written / steps, t.stats.hit_rate, t.cold.io_mode,
+                                     prefill_s))
+        return out
     finally:
-        engine.close()
+        for _, engine, *_ in runs:
+            engine.close()
 
 
 @dataclass(frozen=True)
