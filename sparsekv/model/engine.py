@@ -20,11 +20,12 @@ from typing import Callable
 
 import torch
 
-from ..attention.decode import prefill_attention
+from ..attention.decode import batch_attention, prefill_attention
 from ..attention.plan import plan_decode
 from ..core.checks import check_int
 from .model import Model
 from ..routing.router import Router
+from ..storage.block_pool import StoreFullError
 from ..storage.store import BlockStore, Sequence, StoreConfig
 
 _ENGINE_DEFAULT = object()
@@ -288,6 +289,91 @@ class Engine:
         ids = self._as_ids(token_ids)
         router = self.router if router is _ENGINE_DEFAULT else router
         return torch.stack([self._step(seq, st, tok, router, observer) for tok in ids.tolist()])
+
+    def decode_batch(self, seqs: list[Sequence], sampler: Callable[[torch.Tensor], int] = greedy,
+                     router=_ENGINE_DEFAULT) -> list[int]:
+        """One token for each of `seqs` in one batched forward (`Model.forward_decode_batch`); returns the tokens.
+
+        Each sequence samples from its own next-token logits, is routed on its own (per layer, per sequence),
+        and attention runs over all of them in one `batch_attention` call. Every sequence's stats get the step,
+        with the batch's wall time. A sequence gets the tokens it would get decoded alone (to float rounding of
+        the batched projections). Needs an all-attention model; a StoreFullError leaves every sequence as it was.
+        """
+        if not isinstance(seqs, (list, tuple)) or not seqs:
+            raise TypeError("seqs must be a non-empty list of Sequence")
+        if len({s.seq_id for s in seqs}) != len(seqs):
+            raise ValueError("seqs must not repeat a sequence")
+        states = [self._state(s) for s in seqs]
+        for s, st in zip(seqs, states):
+            if st.next_logits is None:
+                raise ValueError(f"seq (id {s.seq_id}) has no logits to sample from; prefill it first")
+        router = self.router if router is _ENGINE_DEFAULT else router
+        needed = sum(self.store.blocks_needed(s, 1) for s in seqs)
+        if needed > self.store.num_free_blocks:
+            raise StoreFullError(needed, self.store.num_free_blocks, what=f"a decode batch of {len(seqs)}")
+        toks = [int(sampler(st.next_logits)) for st in states]
+        t0 = time.perf_counter()
+        res = [self.store.reserve(s, 1) for s in seqs]
+        for st, tok in zip(states, toks):
+            st.tokens.append(tok)
+        plans, steps = [None] * len(seqs), [StepStats(0.0, 0, 0, 0) for _ in seqs]
+
+        def attend(layer: int, q: torch.Tensor) -> torch.Tensor:               # q [B, Hq, D]
+            for b, s in enumerate(seqs):
+                if plans[b] is None:
+                    plans[b] = plan_decode(self.store, s, q.shape[1])
+            if router is None or layer < self.dense_layers:
+                out, _ = batch_attention(q, self.store, list(seqs), layer)
+                for b, s in enumerate(seqs):
+                    steps[b].blocks_read += s.num_blocks * self.store.config.num_kv_heads
+                    steps[b].kv_bytes += plans[b].dense_bytes.kv_bytes
+                return out
+            sels = [plans[b].route(router, layer, q[b]) for b in range(len(seqs))]
+            out, _ = batch_attention(q, self.store, list(seqs), layer, [sel.blocks for sel in sels])
+            for b, sel in enumerate(sels):
+                steps[b].blocks_read += int((sel.blocks >= 0).sum())
+                steps[b].route_bytes += sel.traffic.total
+            return out
+
+        ids = torch.tensor(toks)
+        positions = torch.tensor([r.start for r in res])
+        logits = self.model.forward_decode_batch(ids, positions, self.store, res, attend)
+        dt = time.perf_counter() - t0
+        for st, step, row in zip(states, steps, logits):
+            step.seconds = dt
+            st.stats.steps.append(step)
+            st.next_logits = row
+        return toks
+
+    def extend(self, seq: Sequence, token_ids) -> torch.Tensor:
+        """Append `token_ids` to `seq` as one prefill chunk (no prefix-cache lookup); returns the last logits [vocab].
+        What a scheduler calls to prefill a prompt a chunk at a time."""
+        st = self._state(seq)
+        ids = self._as_ids(token_ids)
+        t0 = time.perf_counter()
+        logits = self._forward(seq, ids, attend=lambda layer, q: prefill_attention(q, self.store, seq, layer))
+        st.tokens.extend(ids.tolist())
+        st.next_logits = logits[0]
+        st.stats.prompt_tokens += len(ids)
+        st.stats.computed_tokens += len(ids)
+        st.stats.ttft_s += time.perf_counter() - t0
+        return st.next_logits
+
+    def attach_prefix(self, seq: Sequence, token_ids, namespace=None) -> int:
+        """Start empty `seq` on the prefix cache's longest hit for `token_ids` (0 without a cache); returns the
+        cached tokens, which the caller then skips when it prefills the rest with `extend`."""
+        st = self._state(seq)
+        if seq.num_tokens:
+            raise ValueError(f"seq must be empty to attach a cached prefix; it holds {seq.num_tokens} tokens")
+        if self.prefix_cache is None:
+            return 0
+        ids = self._as_ids(token_ids)
+        st.namespace = namespace
+        cached = self.prefix_cache.attach(seq, ids, namespace=namespace)
+        st.tokens.extend(ids[:cached].tolist())
+        st.stats.prompt_tokens += cached
+        st.stats.cached_tokens += cached
+        return cached
 
     def _step(self, seq: Sequence, st: _State, tok: int, router, observer=None) -> torch.Tensor:
         """One decode step on token `tok`: forward, record its stats, return (and keep) its logits."""

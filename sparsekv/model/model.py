@@ -394,6 +394,36 @@ class Model(nn.Module):
             x = x[-1:]
         return self.lm_head(self.norm(x)).float()
 
+    @torch.inference_mode()
+    def forward_decode_batch(self, tokens: torch.Tensor, positions: torch.Tensor, store: BlockStore,
+                             reservations: list[Reservation],
+                             attend: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """One decode token for each of B sequences in one pass: tokens, positions [B] int64 (row b is sequence b's
+        next token at its own position), `reservations[b]` its slot. Returns logits [B, vocab] float32.
+
+        The projections and MLPs run once over the B rows (their weights are read once per step); each attention
+        layer writes row b's K/V through reservations[b] and calls attend(store layer, q [B, Hq, D]) -> [B, Hq, D].
+        All-attention models only (conv and linear mixers keep per-sequence state: decode those one at a time).
+        """
+        if any(kind != "attn" for kind in self.config.mixers):
+            raise ValueError(f"batched decode needs an all-attention model; this one's mixers are {self.config.mixers}")
+        B = tokens.shape[0]
+        if positions.shape != (B,) or len(reservations) != B:
+            raise ValueError(f"tokens, positions and reservations must each have B={B} entries, got "
+                             f"{tuple(positions.shape)} and {len(reservations)}")
+        x = self.embed_tokens(tokens)                                                # [B, dim]
+        cos, sin = self.rotary(positions)                                            # [B, D]: one position per row
+        dt = store.config.dtype
+        for i, layer in enumerate(self.layers):
+            mix, sl = layer.mix, self.store_layer[i]
+            q, k, v = mix.qkv(layer.input_layernorm(x), cos, sin)                    # [B, Hq, D], [B, H, D]
+            for b, res in enumerate(reservations):
+                store.write(res, sl, k[b:b + 1].to(dt), v[b:b + 1].to(dt), check_finite=False)
+            o = attend(sl, q)                                                        # [B, Hq, D]
+            x = x + mix.o_proj(o.reshape(B, -1).to(x.dtype))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.norm(x)).float()
+
     def train_forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Batched full-sequence forward without a cache, for training: tokens [B, T] -> logits [B, T, vocab].
 
