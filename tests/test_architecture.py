@@ -3,7 +3,7 @@ and a decode step that validates once.
 
 Layers, bottom to top (a module imports only its own layer's siblings in the same subpackage,
 and layers strictly below): kernels < core < storage < routing < attention < model
-< analysis, recall (siblings that do not import each other) < suite.
+< analysis, recall (siblings that do not import each other) < suite, serving (siblings).
 """
 import ast
 import pathlib
@@ -17,7 +17,7 @@ from sparsekv.analysis.probes import ProbeConfig, needle
 
 PKG = pathlib.Path(sk.__file__).parent
 LAYER = {"kernels": 0, "core": 1, "storage": 2, "routing": 3, "attention": 4, "model": 5,
-         "analysis": 6, "recall": 6, "suite": 7}
+         "analysis": 6, "recall": 6, "suite": 7, "serving": 7}
 
 
 def imports_of(path: pathlib.Path):

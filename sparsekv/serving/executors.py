@@ -88,7 +88,7 @@ class EngineExecutor:
 
     def cached(self, tokens: list[int], namespace=None) -> int:
         pc = self.engine.prefix_cache
-        return 0 if pc is None else pc.explain(tokens, namespace).matched_tokens
+        return 0 if pc is None else pc.peek(tokens, namespace)
 
     @property
     def hit_rate(self) -> float:
@@ -151,6 +151,9 @@ class SimExecutor:
         self.cache = PrefixCache(self.store) if prefix_cache else None
         self._tokens: dict[int, list[int]] = {}
         self._ns: dict[int, object] = {}
+        # Decode tokens not yet reserved in the store, per sequence: reserved in one call when a token needs a
+        # new block (or at a prefill or finish), so the pool's counts are exact at every step at a tenth the cost.
+        self._lag: dict[int, int] = {}
 
     def start(self, tokens, namespace=None):
         seq = self.store.new_sequence()
@@ -159,25 +162,38 @@ class SimExecutor:
             cached = self.cache.attach(seq, tokens, namespace)
         self._tokens[seq.seq_id] = list(tokens[:cached])
         self._ns[seq.seq_id] = namespace
+        self._lag[seq.seq_id] = 0
         return seq, cached
 
+    def _flush(self, seq) -> None:
+        if self._lag[seq.seq_id]:
+            self.store.reserve(seq, self._lag[seq.seq_id])
+            self._lag[seq.seq_id] = 0
+
     def prefill(self, seq, tokens) -> float:
+        self._flush(seq)
         ctx = seq.num_tokens
         self.store.reserve(seq, len(tokens))
         self._tokens[seq.seq_id] += list(tokens)
         return self.cost.prefill_s(len(tokens), ctx)
 
     def decode(self, seqs) -> tuple[list[int], float]:
-        needed = sum(self.store.blocks_needed(s, 1) for s in seqs)
-        if needed > self.store.num_free_blocks:
-            raise StoreFullError(needed, self.store.num_free_blocks, what=f"a decode batch of {len(seqs)}")
-        read = sum(_read_tokens(s.num_tokens + 1, self.budget) for s in seqs)
+        bs = self.block_size
+        grow = [s for s in seqs if s.num_tokens + self._lag[s.seq_id] + 1 > s.num_blocks * bs]   # a new block each
+        if len(grow) > self.store.num_free_blocks:
+            raise StoreFullError(len(grow), self.store.num_free_blocks, what=f"a decode batch of {len(seqs)}")
+        read = 0
         for s in seqs:
-            self.store.reserve(s, 1)
+            self._lag[s.seq_id] += 1
             self._tokens[s.seq_id].append(0)
+            read += _read_tokens(s.num_tokens + self._lag[s.seq_id], self.budget)
+        for s in grow:
+            self._flush(s)
         return [0] * len(seqs), self.cost.decode_s(len(seqs), read)
 
     def finish(self, seq) -> None:
+        self._flush(seq)
+        del self._lag[seq.seq_id]
         toks = self._tokens.pop(seq.seq_id)
         ns = self._ns.pop(seq.seq_id)
         if self.cache is not None:
@@ -191,10 +207,10 @@ class SimExecutor:
         return self.store.pool.num_used
 
     def blocks_needed(self, seq, n: int) -> int:
-        return self.store.blocks_needed(seq, n)
+        return self.store.blocks_needed(seq, self._lag[seq.seq_id] + n)
 
     def cached(self, tokens, namespace=None) -> int:
-        return 0 if self.cache is None else self.cache.explain(tokens, namespace).matched_tokens
+        return 0 if self.cache is None else self.cache.peek(tokens, namespace)
 
     @property
     def hit_rate(self) -> float:

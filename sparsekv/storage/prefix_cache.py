@@ -168,6 +168,20 @@ class PrefixCache:
         self.stats.recent.append((hit, len(ids)))
         return PrefixMatch(hit, blocks)
 
+    def peek(self, token_ids, namespace=None) -> int:
+        """The tokens `match` would reuse for `token_ids`, without counting a query or touching any block
+        (what a scheduler asks before it admits a request)."""
+        ids = _as_int64(token_ids)
+        cacheable = (len(ids) - 1) // self.block_size
+        h, n = self.root(namespace), 0
+        raw, step = ids[: cacheable * self.block_size].tobytes(), self.block_size * 8
+        for i in range(cacheable):
+            h = hashlib.sha256(h + raw[i * step:(i + 1) * step]).digest()
+            if h not in self._by_digest:
+                break
+            n += 1
+        return n * self.block_size
+
     def attach(self, seq: Sequence, token_ids, namespace=None) -> int:
         """Start empty `seq` on the cached prefix of `token_ids`; returns the cached token count."""
         m = self.match(token_ids, namespace)
