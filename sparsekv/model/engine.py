@@ -192,6 +192,14 @@ class Engine:
         if self.prefix_cache is not None:
             self.prefix_cache.maintain()
 
+    def publish(self, seq: Sequence) -> int:
+        """Register `seq`'s full blocks in the prefix cache now, without releasing it (a server does this once a
+        prompt is in, so requests beside it share its blocks). Returns blocks newly cached (0 without a cache)."""
+        st = self._state(seq)
+        if self.prefix_cache is None:
+            return 0
+        return self.prefix_cache.insert(seq, st.tokens, namespace=st.namespace)
+
     def close(self) -> None:
         """Delete the store's cold file, if any (also done when the engine is collected)."""
         self.store.close()

@@ -6,6 +6,7 @@ one piece of code and the simulator's error comes from its costs alone:
     start(tokens, namespace) -> (handle, cached tokens)    a new sequence on the longest cached prefix
     prefill(handle, tokens)  -> seconds                    append one prompt chunk
     decode(handles)          -> (tokens, seconds)          one token for each (raises StoreFullError, changing nothing)
+    publish(handle)          -> None                       cache its full blocks now (its prompt is in)
     finish(handle)           -> None                       cache its full blocks and release it
     free_blocks(), blocks_needed(handle, n), cached(tokens, namespace)   the pool, for admission
 
@@ -73,6 +74,11 @@ class EngineExecutor:
         dt = time.perf_counter() - t0
         self.ops.append(Op("decode", len(seqs), ctx, read, dt))
         return toks, dt
+
+    def publish(self, seq) -> None:
+        """Register `seq`'s full blocks in the prefix cache now (its prompt is in), so requests running beside it
+        share them before it finishes, as vLLM and SGLang do."""
+        self.engine.publish(seq)
 
     def finish(self, seq) -> None:
         self.engine.finish(seq)
@@ -190,6 +196,11 @@ class SimExecutor:
         for s in grow:
             self._flush(s)
         return [0] * len(seqs), self.cost.decode_s(len(seqs), read)
+
+    def publish(self, seq) -> None:
+        if self.cache is not None:
+            self._flush(seq)
+            self.cache.insert(seq, self._tokens[seq.seq_id], self._ns[seq.seq_id])
 
     def finish(self, seq) -> None:
         self._flush(seq)

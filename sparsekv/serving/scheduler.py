@@ -10,7 +10,10 @@ next arrival when idle):
     3. one decode token for every running request whose prompt is in (one batched step);
     4. prompt chunks: the whole remaining prompt of each prefilling request, or, for chunked policies, what
        is left of `token_budget` after the decode tokens (Sarathi-Serve's stall-free batching);
-    5. finished requests are released (their full blocks enter the prefix cache).
+    5. finished requests are released.
+A request's full prompt blocks enter the prefix cache as soon as each chunk is in (`publish`), as vLLM
+caches each block once computed, so requests running beside it share them; its output's blocks enter
+when it finishes.
 
 Preemption: when a decode step or a chunk finds no free block, the most recently admitted request is
 released (its blocks cached) and requeued at the head of the queue with its prompt extended by what it
@@ -19,7 +22,8 @@ shortage); on re-admission it is prefilled again (recompute, shortened by whatev
 and continues. Greedy decoding gives it the tokens it would have generated alone.
 
 Times: a token's time is the end of the iteration whose step produced it. TTFT = first token's time
-minus arrival; TPOT = mean gap between a request's later tokens.
+minus arrival; TPOT = mean gap between a request's later tokens; ITL = every single gap (a stall from a
+prefill in the same iteration shows in the ITL tail, while the request's mean TPOT averages it away).
 """
 from __future__ import annotations
 
@@ -130,11 +134,16 @@ class ServeResult:
     def tpots(self) -> np.ndarray:
         return np.array([r.tpot_s for r in self.records if not math.isnan(r.tpot_s)])
 
+    def gaps(self) -> np.ndarray:
+        """Every inter-token gap of every request (seconds): where a stall shows, which a request's mean TPOT hides."""
+        return np.concatenate([np.diff(r.times) for r in self.records] or [np.zeros(0)])
+
     def summary(self) -> dict:
-        t, p = self.ttfts(), self.tpots()
+        t, p, g = self.ttfts(), self.tpots(), self.gaps()
         return {"ttft_p50_s": float(np.median(t)), "ttft_p90_s": float(np.percentile(t, 90)),
                 "tpot_p50_s": float(np.median(p)) if len(p) else float("nan"),
                 "tpot_p90_s": float(np.percentile(p, 90)) if len(p) else float("nan"),
+                "itl_p99_s": float(np.percentile(g, 99)) if len(g) else float("nan"),
                 "throughput_tok_s": self.throughput, "makespan_s": self.makespan_s, "peak_blocks": self.peak_blocks,
                 "hit_rate": self.hit_rate, "preemptions": self.preemptions}
 
@@ -229,6 +238,7 @@ class Scheduler:
                         dur += ex.prefill(a.handle, a.tokens[a.done:a.done + m])
                         a.done += m
                         ntok += m
+                        ex.publish(a.handle)          # its full blocks are shareable from now on
                 except StoreFullError:
                     preempt(max(running, key=lambda a: a.order))
                     break
