@@ -166,21 +166,21 @@ class SimExecutor:
         cached = 0
         if self.cache is not None:
             cached = self.cache.attach(seq, tokens, namespace)
-        self._tokens[seq.seq_id] = list(tokens[:cached])
+        self._tokens[seq.seq_id] = [np.asarray(tokens[:cached], dtype=np.int64)]      # pieces, joined when cached
         self._ns[seq.seq_id] = namespace
         self._lag[seq.seq_id] = 0
         return seq, cached
 
     def _flush(self, seq) -> None:
         if self._lag[seq.seq_id]:
-            self.store.reserve(seq, self._lag[seq.seq_id])
+            self.store.reserve(seq, self._lag[seq.seq_id], layout=False)
             self._lag[seq.seq_id] = 0
 
     def prefill(self, seq, tokens) -> float:
         self._flush(seq)
         ctx = seq.num_tokens
-        self.store.reserve(seq, len(tokens))
-        self._tokens[seq.seq_id] += list(tokens)
+        self.store.reserve(seq, len(tokens), layout=False)
+        self._tokens[seq.seq_id].append(np.asarray(tokens, dtype=np.int64))
         return self.cost.prefill_s(len(tokens), ctx)
 
     def decode(self, seqs) -> tuple[list[int], float]:
@@ -191,7 +191,7 @@ class SimExecutor:
         read = 0
         for s in seqs:
             self._lag[s.seq_id] += 1
-            self._tokens[s.seq_id].append(0)
+            self._tokens[s.seq_id].append(np.zeros(1, dtype=np.int64))
             read += _read_tokens(s.num_tokens + self._lag[s.seq_id], self.budget)
         for s in grow:
             self._flush(s)
@@ -200,12 +200,19 @@ class SimExecutor:
     def publish(self, seq) -> None:
         if self.cache is not None:
             self._flush(seq)
-            self.cache.insert(seq, self._tokens[seq.seq_id], self._ns[seq.seq_id])
+            self.cache.insert(seq, self._joined(seq), self._ns[seq.seq_id])
+
+    def _joined(self, seq) -> np.ndarray:
+        parts = self._tokens[seq.seq_id]
+        if len(parts) > 1:
+            parts[:] = [np.concatenate(parts)]
+        return parts[0]
 
     def finish(self, seq) -> None:
         self._flush(seq)
         del self._lag[seq.seq_id]
-        toks = self._tokens.pop(seq.seq_id)
+        toks = self._joined(seq)
+        del self._tokens[seq.seq_id]
         ns = self._ns.pop(seq.seq_id)
         if self.cache is not None:
             self.cache.insert(seq, toks, ns)

@@ -57,10 +57,10 @@ class SchedulerConfig:
             raise ValueError(f"admit must be 'prompt' or 'full', got {self.admit!r}")
 
 
-@dataclass
+@dataclass(eq=False)                 # identity: the queues remove by `is`, not by comparing token lists
 class _Active:
     req: ServeRequest
-    tokens: list[int]            # what to prefill: the prompt (plus the tokens generated before a preemption)
+    tokens: np.ndarray           # [T] int64 to prefill: the prompt (plus the tokens generated before a preemption)
     done: int                    # tokens of `tokens` in the sequence (cached or prefilled)
     out: list[int]               # generated tokens
     handle: object
@@ -179,7 +179,7 @@ class Scheduler:
                                    f"for max_batch={c.max_batch}; raise num_blocks or lower max_batch")
             running.remove(victim)
             ex.finish(victim.handle)
-            victim.tokens = victim.req.prompt.tolist() + victim.out
+            victim.tokens = np.concatenate([victim.req.prompt.numpy(), np.asarray(victim.out, dtype=np.int64)])
             victim.done, victim.handle = 0, None
             victim.preemptions += 1
             preemptions += 1
@@ -188,7 +188,7 @@ class Scheduler:
         while pending or waiting or running:
             while pending and pending[0].arrival_s <= clock:
                 r = pending.popleft()
-                waiting.append(_Active(r, r.prompt.tolist(), 0, [], None, -1, []))
+                waiting.append(_Active(r, r.prompt.numpy(), 0, [], None, -1, []))
             if not running and not waiting:
                 clock = pending[0].arrival_s
                 continue

@@ -125,6 +125,7 @@ class PrefixCache:
         self._heap: list[tuple] = []           # (key, -position, tiebreak, block) with lazy deletion
         self._evictable: dict[int, int] = {}   # block -> stamp of its live heap entry
         self._pins: dict[str, list[int]] = {}
+        self._chains: dict[int, tuple] = {}     # seq id -> (full blocks hashed, last digest, namespace, seq): see insert
         self._clock = itertools.count(1)
         self._tie = itertools.count()
         self.stats = CacheStats(recent=deque(maxlen=window))
@@ -194,25 +195,39 @@ class PrefixCache:
         return m.num_tokens
 
     def insert(self, seq: Sequence, token_ids, namespace=None) -> int:
-        """Register the full blocks of `seq` (whose tokens are `token_ids`); returns blocks newly cached."""
+        """Register the full blocks of `seq` (whose tokens are `token_ids`); returns blocks newly cached.
+
+        Called again on a longer `seq` (a server publishes a prompt chunk by chunk), it hashes only the blocks
+        that became full since: a live sequence's full blocks never change (they are append-only).
+        """
         self.store.check_seq(seq)
         ids = _as_int64(token_ids)
         if len(ids) != seq.num_tokens:
             raise ValueError(f"token_ids must be the sequence's {seq.num_tokens} tokens, got {len(ids)}")
-        digests = self.block_digests(ids, namespace)
-        parent = self.root(namespace)
+        n_full = len(ids) // self.block_size
+        start, parent = 0, self.root(namespace)
+        memo = self._chains.get(seq.seq_id)
+        if memo is not None and memo[3] is seq and memo[2] == repr(namespace) and memo[0] <= n_full:
+            start, parent = memo[0], memo[1]
+        bs, step = self.block_size, self.block_size * 8
+        raw = ids[start * bs: n_full * bs].tobytes()
+        table = seq.block_ids
         now, added = next(self._clock), 0
-        for i, (d, b) in enumerate(zip(digests, seq.block_ids)):
+        for i in range(start, n_full):
+            d = hashlib.sha256(parent + raw[(i - start) * step:(i - start + 1) * step]).digest()
+            b = table[i]
             known = self._by_digest.get(d)
             if known is None and b not in self._meta:
                 self._by_digest[d] = b
-                self._meta[b] = _Meta(d, parent, namespace, i, ids[i * self.block_size:(i + 1) * self.block_size].copy(),
-                                      last_access=now)
+                self._meta[b] = _Meta(d, parent, namespace, i, ids[i * bs:(i + 1) * bs].copy(), last_access=now)
                 self._children.setdefault(parent, set()).add(b)
                 added += 1
             elif known is not None:
                 self._meta[known].last_access = now
             parent = d
+        self._chains[seq.seq_id] = (n_full, parent, repr(namespace), seq)
+        if len(self._chains) > 4 * len(self.store.sequences) + 64:          # forget sequences that were freed
+            self._chains = {k: v for k, v in self._chains.items() if v[3].alive}
         return added
 
     def pin(self, name: str, token_ids, namespace=None) -> int:

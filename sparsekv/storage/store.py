@@ -348,8 +348,12 @@ class BlockStore:
         cow = seq.num_tokens % bs != 0 and self.pool.ref_counts[seq._blocks[-1]] > 1
         return new + int(cow)
 
-    def reserve(self, seq: Sequence, num_tokens: int) -> Reservation:
-        """Claim slots for `num_tokens` new tokens; fill them with `write`, layer by layer."""
+    def reserve(self, seq: Sequence, num_tokens: int, layout: bool = True) -> Reservation:
+        """Claim slots for `num_tokens` new tokens; fill them with `write`, layer by layer.
+
+        layout=False claims the same slots but skips the per-token block and offset tensors: for stores used
+        only to account for blocks (the serving simulator's); such a reservation cannot be written.
+        """
         self.check_seq(seq)
         check_int("num_tokens", num_tokens, lo=1)
         needed = self.blocks_needed(seq, num_tokens)
@@ -365,13 +369,15 @@ class BlockStore:
             seq._blocks[-1] = self._copy_on_write(seq._blocks[-1])
         seq._blocks.extend(self.pool.allocate(math.ceil((seq.num_tokens + num_tokens) / bs) - len(seq._blocks)))
         start = seq.num_tokens
-        pos = torch.arange(start, start + num_tokens)
-        table = torch.tensor(seq._blocks, dtype=torch.long)
-        block, offset = table[pos // bs], pos % bs
         touched = tuple(seq._blocks[start // bs: (start + num_tokens - 1) // bs + 1])
         for j, b in enumerate(touched, start=start // bs):
             self._fill[b] = min(bs, start + num_tokens - j * bs)
         seq.num_tokens += num_tokens
+        if not layout:
+            return Reservation(seq, start, num_tokens, None, None, touched)
+        pos = torch.arange(start, start + num_tokens)
+        table = torch.tensor(seq._blocks, dtype=torch.long)
+        block, offset = table[pos // bs], pos % bs
         dev = self.config.device
         return Reservation(seq, start, num_tokens, block.to(dev), offset.to(dev), touched)
 
@@ -384,6 +390,8 @@ class BlockStore:
         """
         if not isinstance(res, Reservation):
             raise TypeError(f"res must be a Reservation from reserve(), got {type(res).__name__}")
+        if res.block is None:
+            raise ValueError("res was reserved with layout=False (accounting only) and cannot be written")
         self.check_seq(res.seq, name="res.seq")
         c = self.config
         check_int("layer", layer, lo=0, hi=c.num_layers - 1)
