@@ -150,3 +150,16 @@ def test_decode_batch_rejects_bad_input_and_a_full_pool_changes_nothing(model):
         engine.decode_batch([a, b])                                   # each needs a 4th block; none is left for both
     assert before == (a.num_tokens, b.num_tokens, engine.tokens(a), engine.store.num_free_blocks)
     assert math.isfinite(float(engine.last_logits(a)[0]))
+
+
+def test_separated_serving_adds_prefill_transfer_and_decode_exactly():
+    from sparsekv.serving import disagg
+    cm = X.CostModel(p=(0.01, 0.001, 0.0), d=(0.005, 0.002, 0.0))
+    reqs = [trace.ServeRequest(0, "a", 0.0, torch.arange(40), 3), trace.ServeRequest(1, "b", 0.0, torch.arange(100, 140), 3)]
+    res = disagg.separated(cm, reqs, 8, 64, 4, kv_bytes_per_token=1000, link_bytes_per_s=1e6, prefill_chunk=64)
+    a, b = res.records
+    pre = cm.prefill_s(40, 0)
+    assert a.ttft_s == pytest.approx(pre + 40 * 1000 / 1e6 + cm.decode_s(1, 0))       # its own decode step alone
+    assert b.ttft_s > a.ttft_s                              # b's prompt waited for a's on the prefill device
+    co = disagg.colocated(cm, reqs, 8, 64, 4, 64)
+    assert [r.rid for r in co.records] == [0, 1] and co.records[0].ttft_s == pytest.approx(pre + cm.decode_s(1, 41))
