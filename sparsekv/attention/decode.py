@@ -362,7 +362,8 @@ def _sparse_cpp(q, store, seq, layer, blocks):
     from ..kernels.cpu_decode import paged_decode
     kv = store.layer_kv(layer, [seq], [blocks])
     k, v = kv.k.transpose(0, 1), kv.v.transpose(0, 1)                              # [H, R, bs, D], contiguous
-    out, lse = paged_decode(q.float().contiguous(), k, v, kv.tables[0].clamp(min=0), blocks.contiguous(), seq.num_tokens)
+    table = kv.tables[0] if store.tiers is None else kv.tables[0].clamp(min=0)   # unread tiles (-1) are never read
+    out, lse = paged_decode(q.float().contiguous(), k, v, table, blocks.contiguous(), seq.num_tokens)
     return out.to(q.dtype), lse
 
 
