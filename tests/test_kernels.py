@@ -157,3 +157,23 @@ def test_sparse_attention_triton_backend_and_auto_dispatch(monkeypatch):
     assert resolve("auto", q) == ("cpp" if cpu_decode.available() else "torch")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         resolve("triton", q)
+
+
+def test_paged_kernel_reads_a_cold_tier_through_layer_kv(tmp_path):
+    """The Triton kernel over a tiered store: hot rows through the slot table, and a set wider than the hot
+    tier staged; both against float64 (the store's tiles, where they sit, are the kernel's business no more)."""
+    from conftest import exact_attention
+    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, num_blocks=16,
+                                         cold_dir=tmp_path, hot_blocks=4))
+    g = torch.Generator().manual_seed(7)
+    K, V = torch.randn(1, 85, 2, 64, generator=g), torch.randn(1, 85, 2, 64, generator=g)
+    seq = store.new_sequence()
+    for i in range(0, 85, 32):
+        store.append(seq, K[:, i:i + 32].contiguous(), V[:, i:i + 32].contiguous())
+    q = torch.randn(6, 64, generator=g)
+    for sel in (torch.tensor([[0, 5], [2, -1]]), torch.tensor([[0, 1, 2], [3, 4, 5]])):
+        out, _ = sk.sparse_attention(q, store, seq, 0, sel, backend="triton")
+        want = exact_attention(q, K[0], V[0], sel, 16)[0]
+        assert (out.double() - want).abs().max() < TOL[torch.float32]
+    assert store.tiers.num_cold() > 0
+    store.close()
