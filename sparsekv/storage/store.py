@@ -506,7 +506,8 @@ class BlockStore:
 
     # -- bytes --------------------------------------------------------------------------
     def kv_bytes(self) -> int:
-        """Bytes of the K and V pools (all layers, all blocks), int8 scales included."""
+        """Bytes of the in-memory K and V pools (all layers; with a cold tier, its hot slots only), int8 scales included.
+        The cold tier's bytes on disk are `cold_bytes()`."""
         scales = 0 if not self.quantized else (self.k_scale.numel() + self.v_scale.numel()) * SCALE_BYTES
         return (self.k.numel() + self.v.numel()) * self.k.element_size() + scales
 
