@@ -28,7 +28,6 @@ prefill in the same iteration shows in the ITL tail, while the request's mean TP
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -273,10 +272,4 @@ def solo_tokens(engine, request: ServeRequest) -> list[int]:
     return out
 
 
-def percentile(values, q: float) -> float:
-    values = list(values)
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
-__all__ = ["Scheduler", "SchedulerConfig", "ServeResult", "RequestRecord", "Iteration", "solo_tokens", "percentile",
-           "statistics"]
+__all__ = ["Scheduler", "SchedulerConfig", "ServeResult", "RequestRecord", "Iteration", "solo_tokens"]
