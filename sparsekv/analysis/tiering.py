@@ -26,6 +26,7 @@ from ..model.engine import Engine
 from ..model.model import Model
 from ..routing.router import Router
 from ..storage.store import BlockStore, StoreConfig
+from ..storage.tiers import HOT
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def replay(trace: Trace, hot_blocks: int, depth: int = 0, placement: str = "lru"
                 ids = table[np.unique(blocks[blocks >= 0])]
                 if not t.acquire(layer, ids):           # wider than the tier: every cold tile is read now
                     t.stage(layer, ids)
-                    cold = int((t.state[layer, ids] != 1).sum())
+                    cold = int((t.state[layer, ids] != HOT).sum())
                     hits += len(ids) - cold
                     misses += cold
                     reads += len(ids)

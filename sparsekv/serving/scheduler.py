@@ -198,7 +198,7 @@ class Scheduler:
                         break
                     hit = ex.cached(w.tokens, w.req.namespace)
                     grow = len(w.tokens) - hit + (w.req.max_new_tokens - len(w.out) if c.admit == "full" else 1)
-                    need = math.ceil((hit % bs + grow) / bs)
+                    need = math.ceil(grow / bs)            # a hit is whole blocks, so new blocks start at a boundary
                     # the running requests' remaining prompts, plus one block each of headroom to grow into
                     reserve = sum(ex.blocks_needed(a.handle, len(a.tokens) - a.done + 1) + 1 for a in running)
                     if need > ex.free_blocks() - reserve:

@@ -248,8 +248,8 @@ class TierTable:
             assert (self.block_of[layer, slots[hot]] == hot).all(), f"layer {layer}: slot_of and block_of disagree"
             used = set(slots[hot].tolist())
             free = set(self.free_slots[layer])
-            assert not used & free and len(used) + len(free) == self.hot_blocks == len(self.free_slots[layer]) + len(used), \
-                f"layer {layer}: slots lost or double-booked"
+            assert not used & free and len(used) + len(free) == self.hot_blocks == len(used) + len(self.free_slots[layer]), \
+                f"layer {layer}: slots lost or double-booked (a slot free and used, or on the free list twice)"
 
     # -- internals ------------------------------------------------------------------------
     def _make_room(self, layer: int, n: int, keep: np.ndarray) -> None:
