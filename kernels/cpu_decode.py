@@ -1,4 +1,9 @@
-"""The fused CPU decode kernel (`kernels/cpu/paged_decode.cpp`), built once with torch's C++ extension tools.
+"""The fused CPU kernels (`kernels/cpu/`), built once with torch's C++ extension tools.
+
+    paged_decode.cpp   decode attention over selected (or all) K/V tiles, in place
+    route.cpp          block scoring, and scoring + block distribution + top-k in one pass
+    simd.h             the 16-lane vector type both are written in (AVX-512, or portable loops)
+    register.cpp       the torch.library registration (torch.ops.sparsekv_cpu.*)
 
 Why a C++/OpenMP operator and not Triton or torch: on the CPU, the torch path gathers the selected tiles
 with `index_select` (writing them out and reading them back) and multiplies 4-row decode queries with MKL,
@@ -6,8 +11,9 @@ far from this machine's FMA peak; Triton's CPU path is an interpreter. The opera
 K/V row once, in place from the store's head-major pool, shares it across the G query heads of its GQA
 group, and keeps an online softmax per (kv head, split), so its cost is the bytes it must read.
 
-It is registered with `torch.library` as `torch.ops.sparsekv_cpu.paged_decode` and compiled on first use
-into `build/torch_extensions/` of the source tree (or `SPARSEKV_EXT_DIR`), with -O3, -march=native, OpenMP
+It is registered with `torch.library` as `torch.ops.sparsekv_cpu.paged_decode` (and `minmax_scores`,
+`route_topk`) and compiled on first use into `build/torch_extensions/` of the source tree (or
+`SPARSEKV_EXT_DIR`), under a name that carries a hash of every source and header, so an edit rebuilds, with -O3, -march=native, OpenMP
 and -ffast-math (so that exp vectorises; the kernel keeps every value finite, see its kNegBig). If the build fails, `load()` returns None after one warning that names the reason, and the
 torch path runs instead.
 
@@ -16,6 +22,7 @@ table [nb] int64; blocks [H, K] int64 logical ids per head, -1 for padding (skip
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import warnings
@@ -23,7 +30,10 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).resolve().parent / "cpu" / "paged_decode.cpp"
+_DIR = Path(__file__).resolve().parent / "cpu"
+_SOURCE = _DIR / "paged_decode.cpp"
+_SOURCES = (_SOURCE, _DIR / "route.cpp", _DIR / "register.cpp")
+_HEADERS = (_DIR / "simd.h",)
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -34,6 +44,14 @@ def build_dir() -> Path:
         return Path(env)
     root = Path(__file__).resolve().parents[1]
     return root / "build" / "torch_extensions"
+
+
+def _name() -> str:
+    """The extension's name: a hash of its sources and headers (cpp_extension tracks only sources)."""
+    h = hashlib.sha256()
+    for p in _SOURCES + _HEADERS:
+        h.update(p.read_bytes())
+    return f"sparsekv_cpu_{h.hexdigest()[:12]}"
 
 
 def load():
@@ -49,7 +67,7 @@ def load():
                 from torch.utils import cpp_extension
                 d = build_dir()
                 d.mkdir(parents=True, exist_ok=True)
-                cpp_extension.load(name="sparsekv_cpu_ext", sources=[str(_SOURCE)], build_directory=str(d),
+                cpp_extension.load(name=_name(), sources=[str(p) for p in _SOURCES], build_directory=str(d),
                                    extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
                                    extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
                 op = torch.ops.sparsekv_cpu.paged_decode
@@ -94,3 +112,15 @@ def minmax_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, table
     if load() is None:
         raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
     return torch.ops.sparsekv_cpu.minmax_scores(q, kmin, kmax, table)
+
+
+def route_topk(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, table: torch.Tensor, kind: int, top_k: int,
+               sink: int, local: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing in one pass (`cpu/route.cpp`): q [Hq, D] float32 scored against head-major summaries
+    a, b [H, NB, D] at the blocks of `table` [nb] (kind 0: minmax over a = kmin, b = kmax; kind 1: mean,
+    q . a), softmax per query head, the group's mean, then the top `top_k` with the first `sink` and
+    last `local` blocks forced in. Returns (blocks [H, min(top_k, nb)] int64 ascending, mass [H, nb])."""
+    if load() is None:
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
+    blocks, mass = torch.ops.sparsekv_cpu.route_topk(q, a, b, table, kind, top_k, sink, local)
+    return blocks, mass

@@ -213,3 +213,147 @@ def test_summary_dtype_is_checked():
         sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=8, summary_dtype="int4")
     with pytest.raises(TypeError, match="summary_dtype must be a floating"):
         sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=8, summary_dtype=torch.int8)
+
+
+# -- head dims off the 32-lane grid, empty heads, any physical order --------------------------------
+
+@pytest.mark.parametrize("D,dtype", [(72, torch.float32), (72, torch.bfloat16), (40, torch.float32), (8, torch.bfloat16)])
+def test_head_dims_with_a_partial_lane_group(kernel_only, D, dtype):
+    """The kernel reads rows 32 elements at a time; a head dim that is not a multiple of 32 ends in a
+    masked partial group (and for bf16, its even/odd lane order must be undone exactly)."""
+    H, G, n = 2, 3, 16 * 6 + 11
+    store, seq, g = filled(H, D, n, dtype, seed=D)
+    q = torch.randn(H * G, D, generator=g)
+    K, V = store.gather(seq, 1)
+    want, _ = exact(q, K, V)
+    assert (sk.dense_attention(q, store, seq, 1, backend="cpp").double() - want).abs().max() < TOL[dtype]
+
+
+def test_a_head_with_nothing_to_read_gives_zero_and_minus_inf(kernel_only):
+    store, seq, g = filled(2, 64, 50, torch.float32, seed=5)
+    q = torch.randn(4, 64, generator=g)
+    k, v = store.k[0].transpose(0, 1), store.v[0].transpose(0, 1)
+    blocks = torch.tensor([[-1, -1], [0, 2]])                       # head 0: padding only
+    out, lse = cpu_decode.paged_decode(q, k, v, store.block_table(seq), blocks, seq.num_tokens)
+    assert (out[:2] == 0).all() and torch.isinf(lse[:2]).all() and (lse[:2] < 0).all()
+    K, V = store.gather(seq, 0)
+    want, _ = exact(q, K, V, torch.tensor([[0, 2], [0, 2]]), 16)
+    assert (out[2:].double() - want[2:]).abs().max() < 2e-5
+    with pytest.raises(ValueError, match="at least one block for every kv head"):   # the checked API refuses it
+        sk.sparse_attention(q, store, seq, 0, blocks, backend="cpp")
+
+
+def test_tiles_in_any_physical_order(kernel_only):
+    """Logical blocks mapped to a shuffled set of physical tiles read the same as a copy laid out in order."""
+    H, G, D, bs, nb = 2, 4, 64, 16, 9
+    g = torch.Generator().manual_seed(21)
+    k = torch.randn(H, 20, bs, D, generator=g)
+    v = torch.randn(H, 20, bs, D, generator=g)
+    table = torch.randperm(20, generator=g)[:nb]
+    n = nb * bs - 5
+    q = torch.randn(H * G, D, generator=g)
+    K = k[:, table].reshape(H, nb * bs, D)[:, :n].permute(1, 0, 2)       # [n, H, D], logical order
+    V = v[:, table].reshape(H, nb * bs, D)[:, :n].permute(1, 0, 2)
+    blocks = torch.tensor([[8, 1, 4, -1], [0, 3, 5, 8]])              # any order within a row; -1 skipped
+    out, _ = cpu_decode.paged_decode(q, k, v, table, blocks, n)
+    want, _ = exact(q, K, V, blocks.clamp(min=-1), bs)
+    assert (out.double() - want).abs().max() < 2e-5
+
+
+# -- the fused route: score + block distribution + top-k in one pass -----------------------------
+
+def _route_pair(scorer, store, seq, q, **kw):
+    r = sk.Router(scorer, **kw)
+    assert r.fusable
+    return r.select(q, store, seq, 0, backend="cpp"), r.select(q, store, seq, 0, backend="torch")
+
+
+@pytest.mark.parametrize("G,D,summary_dtype", [(G, D, sd) for G in (1, 2, 3, 8) for D in (64, 128, 72)
+                                               for sd in ("fp32", "bf16")])
+def test_fused_route_selects_what_the_torch_router_selects(monkeypatch, G, D, summary_dtype):
+    H, bs = 3, 16
+    g = torch.Generator().manual_seed(G * 100 + D)
+    n = int(torch.randint(bs * 3, bs * 40, (1,), generator=g)) + 5              # a partial last block
+    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs,
+                                         num_blocks=60, summary_dtype=summary_dtype))
+    other = store.new_sequence()                                                  # blocks in no physical order
+    store.append(other, torch.randn(1, 5 * bs, H, D, generator=g), torch.randn(1, 5 * bs, H, D, generator=g))
+    seq = store.new_sequence()
+    store.append(seq, torch.randn(1, n, H, D, generator=g) * 2, torch.randn(1, n, H, D, generator=g))
+    store.free(other)
+    q = torch.randn(H * G, D, generator=g)
+    calls = []
+    real = cpu_decode.route_topk
+    monkeypatch.setattr(cpu_decode, "route_topk", lambda *a: calls.append(1) or real(*a))
+    for scorer in ("minmax", "mean"):
+        for kw in (dict(top_k=2), dict(top_k=5, sink_blocks=2, local_blocks=2), dict(token_budget=10 ** 6)):
+            fused, ref = _route_pair(scorer, store, seq, q, **kw)
+            assert fused.blocks.shape == ref.blocks.shape and fused.blocks.dtype == torch.int64
+            assert torch.equal(fused.blocks, ref.blocks), (scorer, kw)
+            assert (fused.mass - ref.mass).abs().max() < 1e-5 and fused.traffic == ref.traffic
+    assert len(calls) == 6                                                        # the kernel ran each time
+
+
+def test_fused_route_takes_a_tie_as_torch_may():
+    """Identical blocks tie exactly; either may be taken, but the selected masses are the same multiset."""
+    H, D, bs = 1, 64, 16
+    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs, num_blocks=12))
+    g = torch.Generator().manual_seed(2)
+    block = torch.randn(1, bs, H, D, generator=g)
+    seq = store.new_sequence()
+    store.append(seq, torch.cat([block] * 10, 1), torch.randn(1, 10 * bs, H, D, generator=g))
+    q = torch.randn(2, D, generator=g)
+    fused, ref = _route_pair("minmax", store, seq, q, top_k=5)
+    m = ref.mass[0]
+    assert sorted(m[fused.blocks[0]].tolist()) == pytest.approx(sorted(m[ref.blocks[0]].tolist()), rel=1e-6)
+    assert (fused.blocks[0].diff() > 0).all()                                     # ascending, distinct
+
+
+def test_only_the_configurations_it_computes_are_fused():
+    assert sk.Router("minmax", top_k=4).fusable and sk.Router("mean", token_budget=64).fusable
+    assert not sk.Router("repr", top_k=4).fusable                                 # no kernel for this scorer
+    assert not sk.Router("minmax", top_k=4, gqa="per_head").fusable
+    assert not sk.Router("minmax", top_k=4, agg="max").fusable
+    assert not sk.Router("minmax", top_p=0.9).fusable
+    assert not sk.Router("minmax", top_k=8, adaptive_mass=0.9).fusable            # a TopK subclass, not TopK
+
+
+def test_half_precision_summaries_keep_every_block_ranked_in_by_more_than_the_rounding():
+    """Adversarial: many blocks tie within bf16 rounding, some are just clear of it. With G = 1 the mass
+    is monotone in the bound, so a block whose fp32 bound beats every block outside the fp32 top-k by
+    more than the largest rounding shift (computed from the stored summaries) must stay selected."""
+    H, D, bs, nb = 2, 64, 16, 48
+    g = torch.Generator().manual_seed(9)
+    base = torch.randn(H, D, generator=g)
+    keys = []
+    for j in range(nb):       # every block: the same direction, scaled by 1 + a step that is tiny for most
+        step = 2.0 ** -9 * (j % 7) if j % 3 else 0.05 * (j % 5)
+        keys.append(base * (1 + step) + 2.0 ** -12 * torch.randn(bs, H, D, generator=g))
+    k = torch.stack(keys).reshape(1, nb * bs, H, D)
+    cfg = dict(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs, num_blocks=nb + 1)
+    f32, b16 = sk.BlockStore(sk.StoreConfig(**cfg)), sk.BlockStore(sk.StoreConfig(**cfg, summary_dtype="bf16"))
+    s32, s16 = f32.new_sequence(), b16.new_sequence()
+    f32.append(s32, k, k)
+    b16.append(s16, k, k)
+    q = base.clone()                                                               # G = 1: q [H, D]
+    t = f32.block_table(s32)
+    scale = D ** -0.5
+    lo32, hi32 = f32.kmin[0, t].transpose(0, 1), f32.kmax[0, t].transpose(0, 1)   # [H, nb, D]
+    lo16, hi16 = b16.kmin[0, t].transpose(0, 1).float(), b16.kmax[0, t].transpose(0, 1).float()
+    shift = scale * (q.abs()[:, None] * torch.maximum(lo32 - lo16, hi16 - hi32)).sum(-1)   # [H, nb] >= bound change
+    bound32 = scale * torch.maximum(q[:, None] * lo32, q[:, None] * hi32).sum(-1)
+    K = 12
+    flipped = protected = 0
+    for backend in ("torch", "cpp"):
+        r = sk.Router("minmax", top_k=K, sink_blocks=0, local_blocks=1)
+        a, b = r.select(q, f32, s32, 0, backend=backend), r.select(q, b16, s16, 0, backend=backend)
+        for h in range(H):
+            sel32, sel16 = set(a.blocks[h].tolist()), set(b.blocks[h].tolist())
+            outside = [i for i in range(nb) if i not in sel32]
+            worst_out = max(bound32[h, i] + shift[h, i] for i in outside)
+            for j in sel32 - {nb - 1}:                                            # the forced last block aside
+                if bound32[h, j] > worst_out:
+                    protected += 1
+                    assert j in sel16, (backend, h, j)
+            flipped += len(sel32 ^ sel16)
+    assert protected > 0 and flipped > 0          # the check bit on both sides: kept blocks, and ties that moved

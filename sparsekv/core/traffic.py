@@ -42,11 +42,16 @@ class StepTraffic:
 def _selection_counts(blocks: torch.Tensor, num_tokens: int, block_size: int) -> tuple[int, int]:
     """(valid tokens covered, blocks picked) by a selection [num_kv_heads, K], summed over heads,
     read back from the device in one transfer."""
-    valid = blocks >= 0
     last = (num_tokens - 1) // block_size
     partial = num_tokens - last * block_size
-    counts = torch.stack([(valid & (blocks != last)).sum(), (blocks == last).sum(), valid.sum()]).tolist()
-    full_hits, last_hits, picked = counts
+    if blocks.device.type == "cpu":          # numpy: a few microseconds, where each torch op costs several
+        b = blocks.numpy()
+        picked, last_hits = int((b >= 0).sum()), int((b == last).sum())
+        full_hits = picked - last_hits
+    else:
+        valid = blocks >= 0
+        counts = torch.stack([(valid & (blocks != last)).sum(), (blocks == last).sum(), valid.sum()]).tolist()
+        full_hits, last_hits, picked = counts
     return full_hits * block_size + last_hits * partial, picked
 
 

@@ -30,8 +30,8 @@ import torch
 from ..core.checks import check_choice, check_int
 from ..core.backend import BACKENDS as SCORE_BACKENDS, resolve
 from ..storage.store import BlockStore, Sequence, check_decode_query
-from .scorers import ROUTERS, ScoreInput
-from .selectors import Selector, make_selector
+from .scorers import ROUTERS, ScoreInput, _cpp_summaries, fused_route
+from .selectors import Selector, TopK, make_selector
 from ..core.traffic import INDEX_BYTES, StepTraffic
 
 
@@ -155,6 +155,9 @@ class Router:
         self.sink_blocks, self.local_blocks, self.gqa, self.agg = sink_blocks, local_blocks, gqa, agg
         self.backend, self.seed = backend, seed
         self.generator = torch.Generator().manual_seed(seed)
+        # One pass of the CPU route kernel can do score + mass + top-k for this configuration.
+        self.fusable = (self.scorer.fused_kind is not None and gqa == "shared" and agg == "sum"
+                        and type(self.selector) is TopK)
         self.config = RouterConfig(scorer, top_k, top_p, threshold, sink_blocks, local_blocks, gqa, token_budget,
                                    adaptive_mass, agg, seed, backend, selector)
 
@@ -194,6 +197,12 @@ class Router:
         H = c.num_kv_heads
         G = q.shape[0] // H
         inp = ScoreInput(q.float().view(H, G, c.head_dim), store, seq, layer, table)
+        traffic = StepTraffic(summary_bytes=self.scorer.score_bytes(store, seq),
+                              index_bytes=seq.num_blocks * INDEX_BYTES)
+        if self.fusable and backend == "cpp" and _cpp_summaries(inp):
+            blocks, mass = fused_route(self.scorer, inp, self.selector.budget_blocks(c.block_size),
+                                       self.sink_blocks, self.local_blocks)
+            return Selection(blocks, mass, traffic)
         logits = self.scorer.logits(inp, backend, self.generator)
         mass = logits.expand(H, G, -1).softmax(-1)                          # [H, G, nb]
         nb = seq.num_blocks
@@ -208,7 +217,6 @@ class Router:
             head_blocks = _to_padded(per)
             blocks = _to_padded(per.view(H, G, nb).any(1))
             shown = mass.mean(1)
-        traffic = StepTraffic(summary_bytes=self.scorer.score_bytes(store, seq), index_bytes=nb * INDEX_BYTES)
         return Selection(blocks, shown, traffic, head_blocks)
 
     # -- internals ------------------------------------------------------------------------

@@ -46,6 +46,7 @@ class Scorer:
     query_aware = True
     reads: tuple[str, ...] = ()
     summary_vectors = 0
+    fused_kind: int | None = None     # the CPU route kernel's kind for this scorer (route_topk), if it has one
 
     def vectors(self, config) -> int:
         """head_dim vectors this scorer reads per (kv head, block) under `config` (a StoreConfig)."""
@@ -91,6 +92,19 @@ def _triton_scores(inp: ScoreInput) -> tuple[torch.Tensor, torch.Tensor]:
     return minmax.view(H, G, -1), mean.view(H, G, -1)
 
 
+def fused_route(scorer: Scorer, inp: ScoreInput, top_k: int, sink: int, local: int):
+    """Score, distribute and select in one pass of the CPU route kernel (`kernels/cpu/route.cpp`):
+    (blocks [H, min(top_k, nb)] int64 ascending, mass [H, nb] float32), the result of softmax per query
+    head, the group's mean and top-k with the forced blocks first (Router's gqa="shared", agg="sum").
+    Only for a scorer with a `fused_kind`, on summaries `_cpp_summaries` accepts."""
+    from ..kernels.cpu_decode import route_topk
+    H, G, D = inp.q.shape
+    first, *rest = scorer.reads
+    a = inp.store.summary(first)[inp.layer].transpose(0, 1)                 # [H, NB, D], contiguous
+    b = inp.store.summary(rest[0])[inp.layer].transpose(0, 1) if rest else a
+    return route_topk(inp.q.reshape(H * G, D).contiguous(), a, b, inp.table, scorer.fused_kind, top_k, sink, local)
+
+
 class MinMaxScorer(Scorer):
     """Quest's upper bound on q.k over the block: sum_i max(q_i min_i, q_i max_i).
 
@@ -99,7 +113,7 @@ class MinMaxScorer(Scorer):
     beyond the summaries themselves.
     """
 
-    name, reads = "minmax", ("kmin", "kmax")
+    name, reads, fused_kind = "minmax", ("kmin", "kmax"), 0
 
     def logits(self, inp, backend, generator):
         q = inp.q
@@ -124,7 +138,7 @@ class MinMaxScorer(Scorer):
 class MeanScorer(Scorer):
     """MoBA's q . mean-key. Reads the per-block kmean summary (1 vector per tile)."""
 
-    name, reads = "mean", ("kmean",)
+    name, reads, fused_kind = "mean", ("kmean",), 1
 
     def logits(self, inp, backend, generator):
         if backend == "triton":

@@ -1,0 +1,235 @@
+// Block routing for the CPU in one pass: score every block from its summaries, turn scores into a block
+// distribution, and pick the top K, without a tensor op in between.
+//
+// Algorithm, per kv head h (one work item each):
+//   score   s[g, j] = scale * sum_d max(q[h*G+g, d] * kmin[h, p_j, d], q[h*G+g, d] * kmax[h, p_j, d])   (minmax,
+//           Quest's bound) or scale * q[h*G+g] . kmean[h, p_j] (mean, MoBA), p_j = table[j]; the summaries
+//           are read once, in place, and shared by the G query heads of the group (simd.h: 16 lanes,
+//           rows read 32 elements at a time, q laid out in the same lane order)
+//   mass    per query head, softmax over blocks; then the group's mean, renormalised to sum 1
+//           (Router's gqa="shared", agg="sum")
+//   select  forced blocks (the first `sink`, the last `local`) rank first, then by mass, ties to the
+//           later block; the K best (nth_element, O(nb)), written in ascending block order
+// The result equals the torch path's (`Router.select`) wherever no two masses tie within float32
+// rounding; at a tie either block may be taken, as with torch.topk.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "simd.h"
+
+namespace {
+
+using skv::V16;
+using skv::kLanes;
+
+enum Kind : int64_t { kMinMax = 0, kMean = 1 };
+
+struct Shape {
+  int64_t D, P, Dp, NB;             // head dim, 32-element pairs per row (simd.h), 32 P, pool blocks
+  int last;                         // elements in the last pair (1..32)
+};
+
+// out[g * stride] = the block's score for NG query heads (q: [NG, Dp] in pair_lane<T> order, zero-padded).
+template <int NG, Kind KIND, typename T>
+inline void block_score(const float* q, const T* a, const T* b, const Shape& s, float scale, float* out,
+                        int64_t stride) {
+  V16 acc[NG];
+  for (int g = 0; g < NG; ++g) acc[g] = skv::zero();
+  for (int64_t pc = 0; pc < s.P; ++pc) {
+    V16 lo0, lo1;
+    skv::load_pair(a, pc, s.P, s.last, lo0, lo1);
+    if constexpr (KIND == kMinMax) {
+      V16 hi0, hi1;
+      skv::load_pair(b, pc, s.P, s.last, hi0, hi1);
+      for (int g = 0; g < NG; ++g) {
+        const V16 q0 = skv::load(q + g * s.Dp + pc * 2 * kLanes), q1 = skv::load(q + g * s.Dp + pc * 2 * kLanes + kLanes);
+        acc[g] = skv::add(acc[g], skv::add(skv::max(skv::mul(q0, lo0), skv::mul(q0, hi0)),
+                                           skv::max(skv::mul(q1, lo1), skv::mul(q1, hi1))));
+      }
+    } else {
+      for (int g = 0; g < NG; ++g)
+        acc[g] = skv::fma(skv::load(q + g * s.Dp + pc * 2 * kLanes + kLanes), lo1,
+                          skv::fma(skv::load(q + g * s.Dp + pc * 2 * kLanes), lo0, acc[g]));
+    }
+  }
+  if constexpr (NG == 4) {
+    float t[4];
+    skv::hsum4(acc[0], acc[1], acc[2], acc[3], t);
+    for (int g = 0; g < 4; ++g) out[g * stride] = scale * t[g];
+  } else {
+    for (int g = 0; g < NG; ++g) out[g * stride] = scale * skv::hsum(acc[g]);
+  }
+}
+
+template <Kind KIND, typename T>
+inline void score_block(const float* q, const T* a, const T* b, const Shape& s, float scale, float* out,
+                        int64_t stride, int64_t G) {
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const float* qg = q + g0 * s.Dp;
+    float* o = out + g0 * stride;
+    switch (std::min<int64_t>(4, G - g0)) {
+      case 4: block_score<4, KIND>(qg, a, b, s, scale, o, stride); break;
+      case 3: block_score<3, KIND>(qg, a, b, s, scale, o, stride); break;
+      case 2: block_score<2, KIND>(qg, a, b, s, scale, o, stride); break;
+      default: block_score<1, KIND>(qg, a, b, s, scale, o, stride); break;
+    }
+  }
+}
+
+// scores [G, nb] of kv head h (q: that head's [G, Dp] zero-padded rows).
+template <Kind KIND, typename T>
+void head_scores(const float* q, const T* a, const T* b, const int64_t* table, int64_t nb, int64_t h, int64_t G,
+                 const Shape& s, float scale, float* out) {
+  constexpr int64_t kAhead = 4;                     // blocks prefetched ahead (scattered summary rows)
+  for (int64_t j = 0; j < nb; ++j) {
+    if (j + kAhead < nb) {
+      const int64_t p = (h * s.NB + table[j + kAhead]) * s.D;
+      for (int64_t x = 0; x < s.D * static_cast<int64_t>(sizeof(T)); x += 64) {
+        skv::prefetch_l2(reinterpret_cast<const char*>(a + p) + x);
+        if (KIND == kMinMax) skv::prefetch_l2(reinterpret_cast<const char*>(b + p) + x);
+      }
+    }
+    const int64_t p = (h * s.NB + table[j]) * s.D;
+    score_block<KIND>(q, a + p, b + p, s, scale, out + j, nb, G);
+  }
+}
+
+// Head h's G query rows, [G, Dp] in the pair order of T, zero-padded.
+template <typename T>
+void padded_query(const float* q, int64_t h, int64_t G, const Shape& s, std::vector<float>& out) {
+  out.assign(G * s.Dp, 0.f);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t x = 0; x < s.Dp; ++x) {
+      const int64_t src = x / (2 * kLanes) * 2 * kLanes + skv::pair_lane<T>(static_cast<int>(x % (2 * kLanes)));
+      if (src < s.D) out[g * s.Dp + x] = q[(h * G + g) * s.D + src];
+    }
+}
+
+// The group's block distribution from scores [G, nb]: per-head softmax, mean over heads, renormalised.
+void group_mass(const float* sc, int64_t G, int64_t nb, float* mass) {
+  std::fill(mass, mass + nb, 0.f);
+  for (int64_t g = 0; g < G; ++g) {
+    const float* sg = sc + g * nb;
+    float mx = sg[0];
+    for (int64_t j = 1; j < nb; ++j) mx = std::max(mx, sg[j]);
+    float z = 0.f;
+#pragma omp simd reduction(+ : z)
+    for (int64_t j = 0; j < nb; ++j) z += std::exp(sg[j] - mx);
+    const float w = 1.f / (z * static_cast<float>(G));
+#pragma omp simd
+    for (int64_t j = 0; j < nb; ++j) mass[j] += std::exp(sg[j] - mx) * w;
+  }
+  float total = 0.f;
+  for (int64_t j = 0; j < nb; ++j) total += mass[j];
+  for (int64_t j = 0; j < nb; ++j) mass[j] /= total;
+}
+
+// The K best blocks (forced first, then mass, ties to the later block), ascending, into out[K].
+void top_blocks(const float* mass, int64_t nb, int64_t K, int64_t sink, int64_t local, std::vector<int64_t>& idx,
+                std::vector<float>& key, int64_t* out) {
+  key.resize(nb);
+  idx.resize(nb);
+  for (int64_t j = 0; j < nb; ++j) key[j] = (j < sink || j >= nb - local) ? 2.f : mass[j];   // mass <= 1
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  auto better = [&](int64_t x, int64_t y) { return key[x] > key[y] || (key[x] == key[y] && x > y); };
+  if (K < nb) std::nth_element(idx.begin(), idx.begin() + K, idx.end(), better);
+  std::sort(idx.begin(), idx.begin() + K);
+  std::copy(idx.begin(), idx.begin() + K, out);
+}
+
+template <typename T>
+const T* raw(const torch::Tensor& t) {
+  if constexpr (std::is_same_v<T, float>) return t.data_ptr<float>();
+  else return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>());
+}
+
+void check_summaries(const torch::Tensor& q, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& table) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q must be [Hq, D] float32");
+  TORCH_CHECK(a.dim() == 3 && a.is_contiguous() && b.is_contiguous() && a.sizes() == b.sizes() &&
+                  a.scalar_type() == b.scalar_type() &&
+                  (a.scalar_type() == torch::kFloat32 || a.scalar_type() == torch::kBFloat16),
+              "summaries must be contiguous [H, NB, D] float32 or bfloat16, both alike");
+  TORCH_CHECK(table.scalar_type() == torch::kInt64 && table.is_contiguous() && table.dim() == 1,
+              "table must be a contiguous [nb] int64 tensor");
+  TORCH_CHECK(q.size(1) == a.size(2) && q.size(0) % a.size(0) == 0, "q must be [H * G, D]");
+}
+
+Shape shape_of(const torch::Tensor& a) {
+  const int64_t D = a.size(2), P = (D + 2 * kLanes - 1) / (2 * kLanes);
+  return Shape{D, P, P * 2 * kLanes, a.size(1), static_cast<int>(D - (P - 1) * 2 * kLanes)};
+}
+
+template <typename T>
+void scores_run(const torch::Tensor& q, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& table,
+                float* out) {
+  const Shape s = shape_of(a);
+  const int64_t H = a.size(0), G = q.size(0) / H, nb = table.numel();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  at::parallel_for(0, H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qp;
+    for (int64_t h = begin; h < end; ++h) {
+      padded_query<T>(q.data_ptr<float>(), h, G, s, qp);
+      head_scores<kMinMax>(qp.data(), raw<T>(a), raw<T>(b), table.data_ptr<int64_t>(), nb, h, G, s, scale,
+                           out + h * G * nb);
+    }
+  });
+}
+
+template <typename T>
+void route_run(const torch::Tensor& q, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& table,
+               int64_t kind, int64_t K, int64_t sink, int64_t local, int64_t* blocks, float* mass) {
+  const Shape s = shape_of(a);
+  const int64_t H = a.size(0), G = q.size(0) / H, nb = table.numel();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  at::parallel_for(0, H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qp, sc(G * nb), key;
+    std::vector<int64_t> idx;
+    for (int64_t h = begin; h < end; ++h) {
+      padded_query<T>(q.data_ptr<float>(), h, G, s, qp);
+      if (kind == kMinMax)
+        head_scores<kMinMax>(qp.data(), raw<T>(a), raw<T>(b), table.data_ptr<int64_t>(), nb, h, G, s, scale, sc.data());
+      else
+        head_scores<kMean>(qp.data(), raw<T>(a), raw<T>(b), table.data_ptr<int64_t>(), nb, h, G, s, scale, sc.data());
+      group_mass(sc.data(), G, nb, mass + h * nb);
+      top_blocks(mass + h * nb, nb, K, sink, local, idx, key, blocks + h * K);
+    }
+  });
+}
+
+}  // namespace
+
+// Quest's bound [H, G, nb] float32 for q [Hq, D] float32 over one layer's head-major summaries
+// kmin, kmax [H, NB, D] (float32 or bfloat16, read in place) at the blocks of table [nb].
+torch::Tensor minmax_scores(torch::Tensor q, torch::Tensor kmin, torch::Tensor kmax, torch::Tensor table) {
+  check_summaries(q, kmin, kmax, table);
+  const int64_t H = kmin.size(0), G = q.size(0) / H;
+  auto out = torch::empty({H, G, table.numel()}, torch::TensorOptions().dtype(torch::kFloat32));
+  if (kmin.scalar_type() == torch::kFloat32) scores_run<float>(q, kmin, kmax, table, out.data_ptr<float>());
+  else scores_run<uint16_t>(q, kmin, kmax, table, out.data_ptr<float>());
+  return out;
+}
+
+// Score, distribute and select in one pass (see the top of the file). kind 0: minmax over (a, b) =
+// (kmin, kmax); kind 1: mean over a = kmean (b is ignored; pass a again). top_k >= 1, sink >= 0, local >= 1.
+// Returns blocks [H, min(top_k, nb)] int64 ascending and mass [H, nb] float32.
+std::vector<torch::Tensor> route_topk(torch::Tensor q, torch::Tensor a, torch::Tensor b, torch::Tensor table,
+                                      int64_t kind, int64_t top_k, int64_t sink, int64_t local) {
+  check_summaries(q, a, b, table);
+  TORCH_CHECK(kind == kMinMax || kind == kMean, "kind must be 0 (minmax) or 1 (mean)");
+  TORCH_CHECK(top_k >= 1 && sink >= 0 && local >= 1 && table.numel() >= 1, "need top_k >= 1, sink >= 0, local >= 1, nb >= 1");
+  const int64_t H = a.size(0), nb = table.numel(), K = std::min(top_k, nb);
+  auto blocks = torch::empty({H, K}, torch::TensorOptions().dtype(torch::kInt64));
+  auto mass = torch::empty({H, nb}, torch::TensorOptions().dtype(torch::kFloat32));
+  if (a.scalar_type() == torch::kFloat32)
+    route_run<float>(q, a, b, table, kind, K, sink, local, blocks.data_ptr<int64_t>(), mass.data_ptr<float>());
+  else
+    route_run<uint16_t>(q, a, b, table, kind, K, sink, local, blocks.data_ptr<int64_t>(), mass.data_ptr<float>());
+  return {blocks, mass};
+}

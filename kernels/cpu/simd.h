@@ -1,0 +1,143 @@
+// Sixteen float32 lanes, the one vector type the CPU kernels are written in.
+//
+// With AVX-512 (this project's machines) a V16 is one zmm register: loads of float32 or bfloat16 storage
+// (bfloat16 widened by a 16-bit shift, exact), fused multiply-add, max, a horizontal sum and masked loads
+// for a head dim that is not a multiple of 16. Without AVX-512 the same operations run on a 16-float
+// array in loops that the compiler vectorises for what the machine has, so the kernels have one
+// algorithm and two instruction sets; the tests run whichever was compiled.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define SPARSEKV_AVX512 1
+#else
+#define SPARSEKV_AVX512 0
+#endif
+
+namespace skv {
+
+constexpr int kLanes = 16;
+
+// bfloat16 as its raw 16 bits: the float with those bits on top.
+inline float bf16_to_float(uint16_t x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t x) { return bf16_to_float(x); }
+
+#if SPARSEKV_AVX512
+
+struct V16 {
+  __m512 v;
+};
+inline V16 zero() { return {_mm512_setzero_ps()}; }
+inline V16 splat(float x) { return {_mm512_set1_ps(x)}; }
+inline V16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V16 load(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+// The first n lanes from p, the rest 0 (reads only those n elements).
+inline V16 load_n(const float* p, int n) { return {_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p)}; }
+inline V16 load_n(const uint16_t* p, int n) {
+  const __m256i h = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+inline void store(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+// 32 consecutive elements as two V16 (see pair_lane): float32 in order; bfloat16 split into its even- and
+// odd-indexed elements by one shift and one mask, with no cross-lane shuffle. The first n (1..32) only in
+// load2_n, the rest 0.
+inline void load2(const float* p, V16& a, V16& b) { a.v = _mm512_loadu_ps(p), b.v = _mm512_loadu_ps(p + kLanes); }
+inline void load2_n(const float* p, int n, V16& a, V16& b) {
+  a.v = _mm512_maskz_loadu_ps(static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1), p);
+  b.v = _mm512_maskz_loadu_ps(static_cast<__mmask16>(n >= 32 ? 0xFFFFu : n > 16 ? (1u << (n - 16)) - 1 : 0u),
+                              p + kLanes);
+}
+inline void split_bf16(__m512i x, V16& a, V16& b) {
+  a.v = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));                              // elements 0, 2, ..., 30
+  b.v = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));   // 1, ..., 31
+}
+inline void load2(const uint16_t* p, V16& a, V16& b) { split_bf16(_mm512_loadu_si512(p), a, b); }
+inline void load2_n(const uint16_t* p, int n, V16& a, V16& b) {
+  split_bf16(_mm512_maskz_loadu_epi16(static_cast<__mmask32>(n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1), p), a, b);
+}
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 add(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V16 mul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V16 max(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline float hsum(V16 a) { return _mm512_reduce_add_ps(a.v); }
+// out[0..3] = hsum(a), hsum(b), hsum(c), hsum(d): one transpose-and-add instead of four reductions.
+inline void hsum4(V16 a, V16 b, V16 c, V16 d, float* out) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a.v, b.v), _mm512_unpackhi_ps(a.v, b.v));   // per 128-bit lane
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c.v, d.v), _mm512_unpackhi_ps(c.v, d.v));
+  const __m512 lo = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd)));
+  const __m512 hi = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd)));
+  const __m512 s = _mm512_add_ps(lo, hi);                  // each 128-bit lane: partial [a, b, c, d]
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(s),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)));
+}
+template <typename T>
+inline void prefetch_l2(const T* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+
+#else
+
+struct V16 {
+  float v[kLanes];
+};
+inline V16 zero() { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = 0.f; return r; }
+inline V16 splat(float x) { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = x; return r; }
+template <typename T>
+inline V16 load(const T* p) { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = to_float(p[i]); return r; }
+template <typename T>
+inline V16 load_n(const T* p, int n) { V16 r = zero(); for (int i = 0; i < n; ++i) r.v[i] = to_float(p[i]); return r; }
+inline void store(float* p, V16 a) { for (int i = 0; i < kLanes; ++i) p[i] = a.v[i]; }
+inline void load2_n(const float* p, int n, V16& a, V16& b) {
+  a = load_n(p, n < kLanes ? n : kLanes), b = n > kLanes ? load_n(p + kLanes, n - kLanes) : zero();
+}
+inline void load2(const float* p, V16& a, V16& b) { load2_n(p, 2 * kLanes, a, b); }
+inline void load2_n(const uint16_t* p, int n, V16& a, V16& b) {       // even- and odd-indexed, as with AVX-512
+  a = zero(), b = zero();
+  for (int i = 0; i < n; ++i) (i % 2 ? b : a).v[i / 2] = bf16_to_float(p[i]);
+}
+inline void load2(const uint16_t* p, V16& a, V16& b) { load2_n(p, 2 * kLanes, a, b); }
+inline V16 fma(V16 a, V16 b, V16 c) { for (int i = 0; i < kLanes; ++i) c.v[i] += a.v[i] * b.v[i]; return c; }
+inline V16 add(V16 a, V16 b) { for (int i = 0; i < kLanes; ++i) a.v[i] += b.v[i]; return a; }
+inline V16 mul(V16 a, V16 b) { for (int i = 0; i < kLanes; ++i) a.v[i] *= b.v[i]; return a; }
+inline V16 max(V16 a, V16 b) { for (int i = 0; i < kLanes; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a; }
+inline float hsum(V16 a) { float s = 0.f; for (int i = 0; i < kLanes; ++i) s += a.v[i]; return s; }
+inline void hsum4(V16 a, V16 b, V16 c, V16 d, float* out) { out[0] = hsum(a), out[1] = hsum(b), out[2] = hsum(c), out[3] = hsum(d); }
+template <typename T>
+inline void prefetch_l2(const T* p) { __builtin_prefetch(p, 0, 2); }
+
+#endif
+
+// Where lane i (0..31) of a load2 pair comes from in its 32 elements: the identity for float32, even
+// then odd elements for bfloat16. Vectors multiplied with such pairs (queries, accumulators) are laid
+// out in the same order.
+template <typename T>
+constexpr int pair_lane(int i) {
+  if constexpr (sizeof(T) == 2) return i < kLanes ? 2 * i : 2 * (i - kLanes) + 1;
+  else return i;
+}
+
+// Pair pc of a row of D elements, for P = ceil(D / 32) pairs; the last holds D - 32 (P - 1) elements.
+template <typename T>
+inline void load_pair(const T* row, int64_t pc, int64_t P, int last, V16& a, V16& b) {
+  if (pc + 1 < P || last == 2 * kLanes) load2(row + pc * 2 * kLanes, a, b);
+  else load2_n(row + pc * 2 * kLanes, last, a, b);
+}
+
+// The i-th 16-lane chunk of a row of D elements: full chunks load 16, the last one n = D % 16.
+template <typename T>
+inline V16 load_chunk(const T* row, int64_t c, int64_t full, int tail) {
+  return c < full ? load(row + c * kLanes) : load_n(row + c * kLanes, tail);
+}
+
+}  // namespace skv
