@@ -5,7 +5,8 @@
 
 The `cpu-timing` preset (random weights, 4 layers, 8 q / 2 kv heads, D 64) decodes after its cache is
 filled with random K/V (`Engine.fill_synthetic`). For each context, each path ("cpp": the plan's fused
-kernel; "torch": the plan forced onto the torch path) decodes the same tokens densely and routed
+attention kernel; "torch": the plan forced onto the torch path for attention; routing runs the fused route
+pass in both, so the columns differ in attention only) decodes the same tokens densely and routed
 (`minmax`, 2,048-token budget) from forks of one filled sequence; TPOT is the median step after one
 warm-up step, cycled twice so drift hits both paths alike. The greedy tokens must match across paths.
 Results go to benchmarks/results/engine_tpot.json.

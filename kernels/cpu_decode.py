@@ -13,9 +13,10 @@ group, and keeps an online softmax per (kv head, split), so its cost is the byte
 
 It is registered with `torch.library` as `torch.ops.sparsekv_cpu.paged_decode` (and `minmax_scores`,
 `route_topk`) and compiled on first use into `build/torch_extensions/` of the source tree (or
-`SPARSEKV_EXT_DIR`), under a name that carries a hash of every source and header, so an edit rebuilds, with -O3, -march=native, OpenMP
-and -ffast-math (so that exp vectorises; the kernel keeps every value finite, see its kNegBig). If the build fails, `load()` returns None after one warning that names the reason, and the
-torch path runs instead.
+`SPARSEKV_EXT_DIR`), under a name that carries a hash of every source and header, so an edit
+rebuilds. Flags: -O3, -march=native, OpenMP and -ffast-math (so that exp vectorises; the kernels keep
+every value finite, see kNegBig). If the build fails, `load()` returns None after one warning that
+names the reason, and the torch path runs instead.
 
 Shapes: q [Hq, D] float32; k, v [H, NB, bs, D] contiguous (one layer, head-major) float32 or bfloat16;
 table [nb] int64; blocks [H, K] int64 logical ids per head, -1 for padding (skipped).
@@ -46,12 +47,42 @@ def build_dir() -> Path:
     return root / "build" / "torch_extensions"
 
 
+_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+
+
+def _cpu_flags() -> bytes:
+    """This CPU's feature flags (Linux), so that a -march=native build is never loaded on another CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.encode()
+    except OSError:
+        pass
+    return b""
+
+
 def _name() -> str:
-    """The extension's name: a hash of its sources and headers (cpp_extension tracks only sources)."""
+    """The extension's name: a hash of its sources, headers, flags and the CPU it is built for
+    (cpp_extension tracks only sources)."""
     h = hashlib.sha256()
     for p in _SOURCES + _HEADERS:
         h.update(p.read_bytes())
+    h.update(" ".join(_CFLAGS).encode() + _cpu_flags())
     return f"sparsekv_cpu_{h.hexdigest()[:12]}"
+
+
+def _load_built(d: Path, name: str) -> bool:
+    """Load an already-built library directly: no compiler, no ninja run and no lock file, which
+    cpp_extension.load takes in every new process (a process killed while holding it would leave every
+    later one waiting). False if there is none, or it does not load (a build cut short)."""
+    so = d / f"{name}.so"
+    if not so.is_file():
+        return False
+    try:
+        torch.ops.load_library(str(so))
+    except OSError:
+        return False
+    return True
 
 
 def load():
@@ -65,11 +96,12 @@ def load():
         else:
             try:
                 from torch.utils import cpp_extension
-                d = build_dir()
+                d, name = build_dir(), _name()
                 d.mkdir(parents=True, exist_ok=True)
-                cpp_extension.load(name=_name(), sources=[str(p) for p in _SOURCES], build_directory=str(d),
-                                   extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
-                                   extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+                if not _load_built(d, name):
+                    cpp_extension.load(name=name, sources=[str(p) for p in _SOURCES], build_directory=str(d),
+                                       extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False,
+                                       verbose=False)
                 op = torch.ops.sparsekv_cpu.paged_decode
             except Exception as exc:          # a missing compiler, headers or OpenMP: fall back, say why once
                 _state["reason"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"

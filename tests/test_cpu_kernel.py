@@ -138,11 +138,12 @@ def test_bad_calls_and_fallbacks():
                                 store.v[0].transpose(0, 1), store.block_table(seq), decode.all_blocks(store, seq), 40)
 
 
-def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
     from torch.utils import cpp_extension
     saved = dict(cpu_decode._state)
     try:
         cpu_decode._state.clear()
+        monkeypatch.setenv("SPARSEKV_EXT_DIR", str(tmp_path))          # nothing built there: it must build
         monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: (_ for _ in ()).throw(OSError("no compiler here")))
         with pytest.warns(RuntimeWarning, match="no compiler here"):
             assert cpu_decode.load() is None
@@ -357,3 +358,18 @@ def test_half_precision_summaries_keep_every_block_ranked_in_by_more_than_the_ro
                     assert j in sel16, (backend, h, j)
             flipped += len(sel32 ^ sel16)
     assert protected > 0 and flipped > 0          # the check bit on both sides: kept blocks, and ties that moved
+
+
+def test_a_built_library_loads_without_the_compiler(monkeypatch):
+    """A library already built for these sources and this CPU is loaded directly: no cpp_extension.load (whose
+    lock file a killed process would leave behind for every later one to wait on)."""
+    from torch.utils import cpp_extension
+    assert (cpu_decode.build_dir() / f"{cpu_decode._name()}.so").is_file()      # built by the module's first load
+    saved = dict(cpu_decode._state)
+    try:
+        cpu_decode._state.clear()
+        monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built again")))
+        assert cpu_decode.load() is not None and cpu_decode.reason() is None
+    finally:
+        cpu_decode._state.clear()
+        cpu_decode._state.update(saved)

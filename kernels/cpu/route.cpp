@@ -36,7 +36,9 @@ struct Shape {
   int last;                         // elements in the last pair (1..32)
 };
 
-// out[g * stride] = the block's score for NG query heads (q: [NG, Dp] in pair_lane<T> order, zero-padded).
+// out[g * stride] = the block's score for NG query heads, q in pair_lane<T> order, zero-padded: for mean
+// [NG, Dp] rows of q; for minmax [NG, 2, Dp], each head's q+ = max(q, 0) then q- = min(q, 0), so that
+// sum_d max(q lo, q hi) = q+ . hi + q- . lo (hi >= lo) is two fused multiply-adds per element.
 template <int NG, Kind KIND, typename T>
 inline void block_score(const float* q, const T* a, const T* b, const Shape& s, float scale, float* out,
                         int64_t stride) {
@@ -45,13 +47,14 @@ inline void block_score(const float* q, const T* a, const T* b, const Shape& s, 
   for (int64_t pc = 0; pc < s.P; ++pc) {
     V16 lo0, lo1;
     skv::load_pair(a, pc, s.P, s.last, lo0, lo1);
-    if constexpr (KIND == kMinMax) {
+    if constexpr (KIND == kMinMax) {            // q holds q+ = max(q, 0) then q- = min(q, 0): q+ . hi + q- . lo
       V16 hi0, hi1;
       skv::load_pair(b, pc, s.P, s.last, hi0, hi1);
       for (int g = 0; g < NG; ++g) {
-        const V16 q0 = skv::load(q + g * s.Dp + pc * 2 * kLanes), q1 = skv::load(q + g * s.Dp + pc * 2 * kLanes + kLanes);
-        acc[g] = skv::add(acc[g], skv::add(skv::max(skv::mul(q0, lo0), skv::mul(q0, hi0)),
-                                           skv::max(skv::mul(q1, lo1), skv::mul(q1, hi1))));
+        const float* qp = q + 2 * g * s.Dp + pc * 2 * kLanes;
+        const float* qn = qp + s.Dp;
+        acc[g] = skv::fma(skv::load(qp), hi0, skv::fma(skv::load(qp + kLanes), hi1, acc[g]));
+        acc[g] = skv::fma(skv::load(qn), lo0, skv::fma(skv::load(qn + kLanes), lo1, acc[g]));
       }
     } else {
       for (int g = 0; g < NG; ++g)
@@ -71,8 +74,9 @@ inline void block_score(const float* q, const T* a, const T* b, const Shape& s, 
 template <Kind KIND, typename T>
 inline void score_block(const float* q, const T* a, const T* b, const Shape& s, float scale, float* out,
                         int64_t stride, int64_t G) {
+  constexpr int64_t rows = KIND == kMinMax ? 2 : 1;           // query vectors per head (q+, q- for minmax)
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
-    const float* qg = q + g0 * s.Dp;
+    const float* qg = q + rows * g0 * s.Dp;
     float* o = out + g0 * stride;
     switch (std::min<int64_t>(4, G - g0)) {
       case 4: block_score<4, KIND>(qg, a, b, s, scale, o, stride); break;
@@ -87,7 +91,7 @@ inline void score_block(const float* q, const T* a, const T* b, const Shape& s, 
 template <Kind KIND, typename T>
 void head_scores(const float* q, const T* a, const T* b, const int64_t* table, int64_t nb, int64_t h, int64_t G,
                  const Shape& s, float scale, float* out) {
-  constexpr int64_t kAhead = 4;                     // blocks prefetched ahead (scattered summary rows)
+  constexpr int64_t kAhead = 16;                    // blocks prefetched ahead (scattered summary rows)
   for (int64_t j = 0; j < nb; ++j) {
     if (j + kAhead < nb) {
       const int64_t p = (h * s.NB + table[j + kAhead]) * s.D;
@@ -101,30 +105,38 @@ void head_scores(const float* q, const T* a, const T* b, const int64_t* table, i
   }
 }
 
-// Head h's G query rows, [G, Dp] in the pair order of T, zero-padded.
+// Head h's G query rows in the pair order of T, zero-padded: [G, Dp] for mean; [G, 2, Dp] (q+, q-) for minmax.
 template <typename T>
-void padded_query(const float* q, int64_t h, int64_t G, const Shape& s, std::vector<float>& out) {
-  out.assign(G * s.Dp, 0.f);
+void padded_query(const float* q, int64_t h, int64_t G, const Shape& s, bool split_sign, std::vector<float>& out) {
+  const int64_t rows = split_sign ? 2 : 1;
+  out.assign(rows * G * s.Dp, 0.f);
   for (int64_t g = 0; g < G; ++g)
     for (int64_t x = 0; x < s.Dp; ++x) {
       const int64_t src = x / (2 * kLanes) * 2 * kLanes + skv::pair_lane<T>(static_cast<int>(x % (2 * kLanes)));
-      if (src < s.D) out[g * s.Dp + x] = q[(h * G + g) * s.D + src];
+      if (src >= s.D) continue;
+      const float v = q[(h * G + g) * s.D + src];
+      if (split_sign) out[2 * g * s.Dp + x] = std::max(v, 0.f), out[(2 * g + 1) * s.Dp + x] = std::min(v, 0.f);
+      else out[g * s.Dp + x] = v;
     }
 }
 
-// The group's block distribution from scores [G, nb]: per-head softmax, mean over heads, renormalised.
-void group_mass(const float* sc, int64_t G, int64_t nb, float* mass) {
+// The group's block distribution from scores [G, nb] (overwritten): per-head softmax, mean over heads,
+// renormalised.
+void group_mass(float* sc, int64_t G, int64_t nb, float* mass) {
   std::fill(mass, mass + nb, 0.f);
   for (int64_t g = 0; g < G; ++g) {
-    const float* sg = sc + g * nb;
+    float* sg = sc + g * nb;
     float mx = sg[0];
     for (int64_t j = 1; j < nb; ++j) mx = std::max(mx, sg[j]);
     float z = 0.f;
 #pragma omp simd reduction(+ : z)
-    for (int64_t j = 0; j < nb; ++j) z += std::exp(sg[j] - mx);
+    for (int64_t j = 0; j < nb; ++j) {                 // exponentiated in place (the scores are scratch)
+      sg[j] = std::exp(sg[j] - mx);
+      z += sg[j];
+    }
     const float w = 1.f / (z * static_cast<float>(G));
 #pragma omp simd
-    for (int64_t j = 0; j < nb; ++j) mass[j] += std::exp(sg[j] - mx) * w;
+    for (int64_t j = 0; j < nb; ++j) mass[j] += sg[j] * w;
   }
   float total = 0.f;
   for (int64_t j = 0; j < nb; ++j) total += mass[j];
@@ -175,7 +187,7 @@ void scores_run(const torch::Tensor& q, const torch::Tensor& a, const torch::Ten
   at::parallel_for(0, H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qp;
     for (int64_t h = begin; h < end; ++h) {
-      padded_query<T>(q.data_ptr<float>(), h, G, s, qp);
+      padded_query<T>(q.data_ptr<float>(), h, G, s, true, qp);
       head_scores<kMinMax>(qp.data(), raw<T>(a), raw<T>(b), table.data_ptr<int64_t>(), nb, h, G, s, scale,
                            out + h * G * nb);
     }
@@ -192,7 +204,7 @@ void route_run(const torch::Tensor& q, const torch::Tensor& a, const torch::Tens
     std::vector<float> qp, sc(G * nb), key;
     std::vector<int64_t> idx;
     for (int64_t h = begin; h < end; ++h) {
-      padded_query<T>(q.data_ptr<float>(), h, G, s, qp);
+      padded_query<T>(q.data_ptr<float>(), h, G, s, kind == kMinMax, qp);
       if (kind == kMinMax)
         head_scores<kMinMax>(qp.data(), raw<T>(a), raw<T>(b), table.data_ptr<int64_t>(), nb, h, G, s, scale, sc.data());
       else

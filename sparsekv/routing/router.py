@@ -19,6 +19,11 @@ For one decode query, a router decides which logical blocks each kv head reads:
                `adaptive_mass` makes top_k adaptive: K is a cap, and selection stops early
                once the selected mass reaches `adaptive_mass` (peaked queries read less).
 
+On the CPU, steps 1-4 run as one pass of the C++ route kernel (`kernels/cpu/route.cpp`) when the
+configuration is one it computes (`Router.fusable`: a scorer with a `fused_kind`, gqa="shared",
+agg="sum", a plain top_k or token_budget); it selects the same blocks as the torch path, except
+that at a tie within float32 rounding either block may be taken.
+
 Shapes: H kv heads, G query heads per kv head, Hq = H * G, nb logical blocks, D head dim.
 """
 from __future__ import annotations

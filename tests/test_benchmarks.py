@@ -1,0 +1,25 @@
+"""The CPU decode benchmark runs end to end on a tiny case, and its same-run correctness checks hold.
+
+No timing is asserted here (this machine is shared); the benchmark's own checks are: dense equals SDPA,
+the fused route selects what the torch router selects for every rotating query (up to rounding at a
+near-tie), and the JSON carries a floor and a ratio for every variant it timed.
+"""
+import json
+
+from benchmarks import bench_cpu_decode
+
+
+def test_the_cpu_benchmark_runs_and_checks_itself(tmp_path):
+    out, fig = tmp_path / "cpu.json", tmp_path / "cpu.png"
+    rc = bench_cpu_decode.main(["--contexts", "1100", "--dtypes", "float32", "bfloat16", "--no-flex", "--repeats", "1",
+                                "--warmup", "0", "--rotate", "3", "--budget", "256", "--out", str(out),
+                                "--figure", str(fig)])
+    assert rc == 0 and fig.stat().st_size > 0
+    d = json.loads(out.read_text())
+    assert d["rotate"] == 3 and d["read_bandwidth_Bps"] > 0 and d["matmul_flops"] > 0
+    for case in d["cases"]:
+        assert case["correct"] and case["fused_route_mass_gap"] < 1e-5 and case["rotation_reuse"]   # 3 queries < calls
+        timed = [k[:-2] for k in case if k.endswith("_s") and f"{k[:-2]}_floor_s" in case]
+        assert {"sparse", "sparse_attn", "dense", "sdpa", "sparse_unfused"} <= set(timed)
+        for v in timed:
+            assert case[f"{v}_over_floor"] > 0 and case[f"{v}_bound"] in ("bytes", "compute")
