@@ -159,19 +159,31 @@ def tail_nll(engine: Engine, seq: Sequence, tail: list[int], router: Router | No
         engine.finish(child)
 
 
+def observe_decode(engine: Engine, seq: Sequence, tokens: list[int], observe) -> None:
+    """Dense decode of `tokens` on a fork of `seq`, calling observe(child, step, layer, q) at every
+    attention layer (child: the fork; q [Hq, D]: that layer's decode query). The fork is released
+    afterwards, also when `observe` raises."""
+    child = engine.fork(seq)
+    try:
+        for step, tok in enumerate(tokens):
+            engine.feed(child, [tok], router=None,
+                        observer=lambda layer, q, s=step: observe(child, s, layer, q))
+    finally:
+        engine.finish(child)
+
+
 def anatomy(engine: Engine, seq: Sequence, tokens: list[int], routers: dict[str, Router]) -> list[dict]:
     """Dense decode of `tokens` on a fork, measuring each attention layer's true block mass.
 
     One row per (step, layer): blocks that hold 90% and 99% of each query head's mass (mean over
     heads), the attention sink's share (block 0), and each router's mass recall (mean over heads).
     """
-    child = engine.fork(seq)
-    store, rows, step = engine.store, [], [0]
+    store, rows = engine.store, []
 
-    def observe(layer: int, q: torch.Tensor) -> None:
+    def observe(child: Sequence, step: int, layer: int, q: torch.Tensor) -> None:
         mass = block_attention_mass(q, store, child, layer)                       # [Hq, nb]
         cum = mass.sort(-1, descending=True).values.cumsum(-1)
-        row = {"step": step[0], "layer": layer, "num_blocks": mass.shape[1],
+        row = {"step": step, "layer": layer, "num_blocks": mass.shape[1],
                "blocks90": float(((cum < 0.9).sum(-1) + 1).float().mean()),
                "blocks99": float(((cum < 0.99).sum(-1) + 1).clamp_max(mass.shape[1]).float().mean()),
                "sink": float(mass[:, 0].mean())}
@@ -179,12 +191,7 @@ def anatomy(engine: Engine, seq: Sequence, tokens: list[int], routers: dict[str,
             row[name] = float(attention_mass_recall(mass, r.select(q, store, child, layer).blocks).mean())
         rows.append(row)
 
-    try:
-        for tok in tokens:
-            engine.feed(child, [tok], router=None, observer=observe)
-            step[0] += 1
-    finally:
-        engine.finish(child)
+    observe_decode(engine, seq, tokens, observe)
     return rows
 
 

@@ -20,6 +20,7 @@ import torch
 from ..routing.mass import block_attention_mass
 from ..routing.router import Router
 from ..storage.store import BlockStore, Sequence, StoreConfig
+from .longctx import observe_decode
 from .metrics import attention_mass_recall
 from .probes import ProbeConfig, needle
 
@@ -53,11 +54,10 @@ def twin(config: StoreConfig, summary_dtype: str = "bf16") -> BlockStore:
 def observe_real(engine, seq: Sequence, tokens: list[int], routers: dict[str, Router]) -> list[dict]:
     """Dense decode of `tokens` on a fork of `seq`; at every step and layer, the layer's K/V are copied
     into a float32-summary and a bf16-summary store and `compare` runs on the step's real query."""
-    child = engine.fork(seq)
     c = engine.store.config
-    rows, step = [], [0]
+    rows = []
 
-    def observe(layer: int, q: torch.Tensor) -> None:
+    def observe(child: Sequence, step: int, layer: int, q: torch.Tensor) -> None:
         K, V = engine.store.gather(child, layer)                                            # [n, H, D]
         pair = []
         for dtype in ("fp32", "bf16"):
@@ -66,14 +66,9 @@ def observe_real(engine, seq: Sequence, tokens: list[int], routers: dict[str, Ro
             s.append(sq, K[None].to(c.dtype), V[None].to(c.dtype))
             pair += [s, sq]
         for row in compare(q, *pair, 0, routers):
-            rows.append({**row, "layer": layer, "step": step[0]})
+            rows.append({**row, "layer": layer, "step": step})
 
-    try:
-        for tok in tokens:
-            engine.feed(child, [tok], router=None, observer=observe)
-            step[0] += 1
-    finally:
-        engine.finish(child)
+    observe_decode(engine, seq, tokens, observe)
     return rows
 
 
