@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:          # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 import sparsekv as sk                  # noqa: E402
+from sparsekv.analysis import precision   # noqa: E402
 from sparsekv.core.backend import resolve   # noqa: E402
 from sparsekv.attention.plan import plan_decode   # noqa: E402
 from sparsekv.core.profiling import median_time   # noqa: E402
@@ -177,8 +178,8 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
         store16, seq16 = build_case(n, dtype, H, D, bs, seed=n, summary_dtype=torch.bfloat16)
         plan16 = plan_decode(store16, seq16, H * G)
         sel16 = plan16.route(router, 0, q)
-        picked = lambda b: {(h, j) for h, row in enumerate(b.tolist()) for j in row if j >= 0}
-        res["bf16_summary_overlap"] = len(picked(sel.blocks) & picked(sel16.blocks)) / len(picked(sel.blocks))
+        p32, p16 = precision.picked_tiles(sel.blocks), precision.picked_tiles(sel16.blocks)
+        res["bf16_summary_overlap"] = len(p32 & p16) / len(p32)
         res["bf16_summary_bytes_ratio"] = sel16.traffic.summary_bytes / sel.traffic.summary_bytes
         res["sparse_b16sum_route_bytes"] = sel16.traffic.total
         at["sparse_b16sum"] = lambda i: plan16.sparse(0, qs[i], plan16.route(router, 0, qs[i]).blocks)[0]

@@ -35,12 +35,12 @@
 namespace {
 
 using skv::V16;
+using skv::kHeadsPerPass;
 using skv::kLanes;
 
 // A finite "minus infinity": the kernel is compiled with -ffast-math (so that exp vectorises), which
 // assumes no infinities; exp(kNegBig - x) is 0 for every finite score x.
 constexpr float kNegBig = -3.0e38f;
-constexpr int kHeadsPerPass = 4;     // query heads whose accumulators share one pass over a tile
 
 struct Dims {
   int64_t D, P, Dp, bs;              // head dim, 32-element pairs per row (simd.h), 32 P, block size
@@ -175,7 +175,7 @@ void run(const float* q, const T* k, const T* v, const int64_t* table, const int
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t g = 0; g < G; ++g)                    // scaled, in the pair order of T, zero-padded
         for (int64_t x = 0; x < d.Dp; ++x) {
-          const int64_t src = x / (2 * kLanes) * 2 * kLanes + skv::pair_lane<T>(static_cast<int>(x % (2 * kLanes)));
+          const int64_t src = skv::pair_index<T>(x);
           qs[g * d.Dp + x] = src < D ? scale * q[(h * G + g) * D + src] : 0.f;
         }
       offs.clear(), nrows.clear();                       // this item's tiles: padding and empty blocks dropped
@@ -216,7 +216,7 @@ void run(const float* q, const T* k, const T* v, const int64_t* table, const int
       float* out = acc_buf + item * G * D;
       for (int64_t g = 0; g < G; ++g)                    // back to natural order
         for (int64_t x = 0; x < d.Dp; ++x) {
-          const int64_t dst = x / (2 * kLanes) * 2 * kLanes + skv::pair_lane<T>(static_cast<int>(x % (2 * kLanes)));
+          const int64_t dst = skv::pair_index<T>(x);
           if (dst < D) out[g * D + dst] = acc[g * d.Dp + x];
         }
     }

@@ -75,10 +75,10 @@ template <Kind KIND, typename T>
 inline void score_block(const float* q, const T* a, const T* b, const Shape& s, float scale, float* out,
                         int64_t stride, int64_t G) {
   constexpr int64_t rows = KIND == kMinMax ? 2 : 1;           // query vectors per head (q+, q- for minmax)
-  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+  for (int64_t g0 = 0; g0 < G; g0 += skv::kHeadsPerPass) {
     const float* qg = q + rows * g0 * s.Dp;
     float* o = out + g0 * stride;
-    switch (std::min<int64_t>(4, G - g0)) {
+    switch (std::min<int64_t>(skv::kHeadsPerPass, G - g0)) {
       case 4: block_score<4, KIND>(qg, a, b, s, scale, o, stride); break;
       case 3: block_score<3, KIND>(qg, a, b, s, scale, o, stride); break;
       case 2: block_score<2, KIND>(qg, a, b, s, scale, o, stride); break;
@@ -112,7 +112,7 @@ void padded_query(const float* q, int64_t h, int64_t G, const Shape& s, bool spl
   out.assign(rows * G * s.Dp, 0.f);
   for (int64_t g = 0; g < G; ++g)
     for (int64_t x = 0; x < s.Dp; ++x) {
-      const int64_t src = x / (2 * kLanes) * 2 * kLanes + skv::pair_lane<T>(static_cast<int>(x % (2 * kLanes)));
+      const int64_t src = skv::pair_index<T>(x);
       if (src >= s.D) continue;
       const float v = q[(h * G + g) * s.D + src];
       if (split_sign) out[2 * g * s.Dp + x] = std::max(v, 0.f), out[(2 * g + 1) * s.Dp + x] = std::min(v, 0.f);

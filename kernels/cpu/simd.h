@@ -127,6 +127,16 @@ constexpr int pair_lane(int i) {
   else return i;
 }
 
+// Where lane x of a zero-padded row of pairs (x = 32 * pair + lane) comes from in the natural row: how a
+// query is laid out for, and an accumulator read back from, pair loads of T.
+template <typename T>
+constexpr int64_t pair_index(int64_t x) {
+  return x / (2 * kLanes) * 2 * kLanes + pair_lane<T>(static_cast<int>(x % (2 * kLanes)));
+}
+
+// Query heads whose accumulators share one pass over a row (kernels dispatch 1..4 at compile time).
+constexpr int kHeadsPerPass = 4;
+
 // Pair pc of a row of D elements, for P = ceil(D / 32) pairs; the last holds D - 32 (P - 1) elements.
 template <typename T>
 inline void load_pair(const T* row, int64_t pc, int64_t P, int last, V16& a, V16& b) {

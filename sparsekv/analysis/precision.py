@@ -25,7 +25,8 @@ from .metrics import attention_mass_recall
 from .probes import ProbeConfig, needle
 
 
-def _picked(blocks: torch.Tensor) -> set[tuple[int, int]]:
+def picked_tiles(blocks: torch.Tensor) -> set[tuple[int, int]]:
+    """The (kv head, block) pairs a selection [H, K] (-1 padded) reads."""
     return {(h, j) for h, row in enumerate(blocks.tolist()) for j in row if j >= 0}
 
 
@@ -37,8 +38,8 @@ def compare(q: torch.Tensor, store32: BlockStore, seq32: Sequence, store16: Bloc
     rows = []
     for name, r in routers.items():
         a, b = r.select(q, store32, seq32, layer), r.select(q, store16, seq16, layer)
-        p32 = _picked(a.blocks)
-        rows.append({"router": name, "layer": layer, "overlap": len(p32 & _picked(b.blocks)) / len(p32),
+        p32 = picked_tiles(a.blocks)
+        rows.append({"router": name, "layer": layer, "overlap": len(p32 & picked_tiles(b.blocks)) / len(p32),
                      "mass32": float(attention_mass_recall(mass, a.blocks).mean()),
                      "mass16": float(attention_mass_recall(mass, b.blocks).mean()),
                      "bytes_ratio": b.traffic.summary_bytes / a.traffic.summary_bytes})
