@@ -311,20 +311,23 @@ def plot(results, path: Path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from sparsekv.suite import viz
     rows = results["cases"]
     dtypes = sorted({r["dtype"] for r in rows})
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(7.2 * len(dtypes), 4.2), squeeze=False)
     for ax, dt in zip(axes[0], dtypes):
         rs = [r for r in rows if r["dtype"] == dt]
         x = [r["context"] for r in rs]
-        for v, style in (("sparse", "o-"), ("sparse_attn", "o:"), ("flex", "s--"), ("flex_routed", "s-."),
-                         ("dense", "D-"), ("sdpa", "^--")):
+        for v, style, color in (("sparse", "o-", viz.COLORS[0]), ("sparse_attn", "o--", viz.COLORS[4]),
+                                ("flex", "s--", viz.COLORS[2]), ("flex_routed", "s-.", viz.COLORS[3]),
+                                ("dense", "D-", viz.COLORS[5]), ("sdpa", "^--", viz.COLORS[1])):
             if all(f"{v}_s" in r for r in rs):
-                ax.plot(x, [r[f"{v}_s"] * 1e3 for r in rs], style, label=v)
-                ax.plot(x, [r[f"{v}_floor_s"] * 1e3 for r in rs], ":", color=ax.lines[-1].get_color(), alpha=0.6)
-        ax.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="ms per layer step (faint: floor)",
+                ax.plot(x, [r[f"{v}_s"] * 1e3 for r in rs], style, color=color, label=v)
+                ax.plot(x, [r[f"{v}_floor_s"] * 1e3 for r in rs], color=color, alpha=0.5, lw=1, ls=(0, (1, 3)))
+        ax.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="ms per layer step (dotted: its floor)",
                title=f"CPU decode, {dt}, budget {results['config']['budget']} tokens")
-        ax.legend()
+        viz.log_ticks(ax, "x", sorted(set(x))); viz.log_axis_plain(ax, "y")
+    viz.legend_outside(axes[0][-1])
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -54,8 +54,8 @@ def plot(real_rows, probe_summary, path: Path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    colors = plt.get_cmap("tab10").colors                  # colour-blind safe enough for 4 lines, with markers
+    from sparsekv.suite import viz
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
     ax = axes[0]
     names = sorted({r["router"] for r in real_rows})
     worst = 1.0
@@ -65,23 +65,25 @@ def plot(real_rows, probe_summary, path: Path):
         mean = [statistics.fmean(p) for p in per]
         lo = [min(p) for p in per]
         worst = min(worst, *mean)
-        ax.plot(layers, mean, marker="os^v"[i % 4], color=colors[i], label=f"{name} (mean over steps)")
-        ax.fill_between(layers, lo, mean, color=colors[i], alpha=0.15)
+        color = viz.router_color(name)
+        ax.plot(layers, mean, marker="os^v"[i % 4], ls=("-", "--", ":", "-.")[i % 4], color=color,
+                label=f"{name} (mean over steps)")
+        ax.fill_between(layers, lo, mean, color=color, alpha=0.12)
     ax.axhline(GOAL, color="k", ls="--", lw=1, label=f"goal {GOAL}")
     ax.set(xlabel="layer", ylabel="blocks also picked with bf16 summaries (share)",
            title=f"SmolLM2-135M, real prose: worst layer mean {worst:.3f}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower left")
     ax = axes[1]
     labels = [f"{r['router']}\nstrength {r['strength']:g}" for r in probe_summary]
     x = range(len(probe_summary))
-    ax.bar([i - 0.2 for i in x], [r["overlap_mean"] for r in probe_summary], 0.4, color=colors[0], label="mean overlap")
-    ax.bar([i + 0.2 for i in x], [r["overlap_min"] for r in probe_summary], 0.4, color=colors[1], label="min overlap")
-    ax.axhline(GOAL, color="k", ls="--", lw=1)
+    ax.plot(list(x), [r["overlap_mean"] for r in probe_summary], "o", color=viz.COLORS[0], label="mean overlap")
+    ax.plot(list(x), [r["overlap_min"] for r in probe_summary], "v", color=viz.COLORS[5], label="worst call")
+    ax.axhline(GOAL, color="k", ls="--", lw=1, label=f"goal {GOAL}")
     ax.set_xticks(list(x), labels, fontsize=7, rotation=60)
     lo = min(r["overlap_min"] for r in probe_summary)
     ax.set(ylabel="blocks also picked with bf16 summaries (share)", ylim=(min(0.9, lo - 0.01), 1.001),
-           title=f"needle probes: worst overlap {lo:.3f}")
-    ax.legend(fontsize=8)
+           title=f"needle probes (dots: the axis starts at {min(0.9, lo - 0.01):.2f}): worst overlap {lo:.3f}")
+    viz.legend_outside(ax)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

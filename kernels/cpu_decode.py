@@ -12,11 +12,16 @@ K/V row once, in place from the store's head-major pool, shares it across the G 
 group, and keeps an online softmax per (kv head, split), so its cost is the bytes it must read.
 
 It is registered with `torch.library` as `torch.ops.sparsekv_cpu.paged_decode` (and `minmax_scores`,
-`route_topk`) and compiled on first use into `build/torch_extensions/` of the source tree (or
-`SPARSEKV_EXT_DIR`), under a name that carries a hash of every source and header, so an edit
-rebuilds. Flags: -O3, -march=native, OpenMP and -ffast-math (so that exp vectorises; the kernels keep
-every value finite, see kNegBig). If the build fails, `load()` returns None after one warning that
-names the reason, and the torch path runs instead.
+`route_topk`) and compiled on first use into `build/torch_extensions/` of a source checkout, or into
+`$XDG_CACHE_HOME/sparsekv/torch_extensions` (default `~/.cache/...`) for an installed package, or into
+`SPARSEKV_EXT_DIR` when set; its name carries a hash of every source, header and flag and of the CPU, so an
+edit rebuilds and a build is never loaded on another CPU. If the build fails, `load()` returns None after
+one warning that names the reason, and the torch path runs instead.
+
+Flags: -O3, OpenMP, `-march=$SPARSEKV_CPU_ARCH` (default `native`; `x86-64-v3` is what an AVX2 machine
+builds, `x86-64` a build with neither AVX2 nor FMA), and -ffp-contract=off without -ffast-math: with the
+fixed reduction order and exp of `cpu/simd.h`, every -march gives the same bits, and so does every thread
+count (`splits_for` reads no thread count). tests/test_cpu_kernel.py checks both.
 
 Shapes: q [Hq, D] float32; k, v [H, NB, bs, D] contiguous (one layer, head-major) float32 or bfloat16;
 table [nb] int64; blocks [H, K] int64 logical ids per head, -1 for padding (skipped).
@@ -40,14 +45,27 @@ _state: dict = {}
 
 
 def build_dir() -> Path:
+    """Where the extension is built: $SPARSEKV_EXT_DIR, else build/torch_extensions of a source checkout (the
+    folder above kernels/ holds pyproject.toml), else the user's cache (an installed package's folder may be
+    read-only and is shared by every user)."""
     env = os.environ.get("SPARSEKV_EXT_DIR")
     if env:
         return Path(env)
     root = Path(__file__).resolve().parents[1]
-    return root / "build" / "torch_extensions"
+    if (root / "pyproject.toml").is_file() and (root / "kernels").is_dir():
+        return root / "build" / "torch_extensions"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "sparsekv" / "torch_extensions"
 
 
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+def arch() -> str:
+    """The -march the extension is built for: $SPARSEKV_CPU_ARCH, default "native"."""
+    return os.environ.get("SPARSEKV_CPU_ARCH", "native") or "native"
+
+
+def cflags() -> list[str]:
+    # -ffp-contract=off and no -ffast-math: the compiler fuses and reorders nothing (simd.h, reproducibility)
+    return ["-O3", f"-march={arch()}", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
 
 
 def _cpu_flags() -> bytes:
@@ -67,7 +85,7 @@ def _name() -> str:
     h = hashlib.sha256()
     for p in _SOURCES + _HEADERS:
         h.update(p.read_bytes())
-    h.update(" ".join(_CFLAGS).encode() + _cpu_flags())
+    h.update(" ".join(cflags()).encode() + _cpu_flags())
     return f"sparsekv_cpu_{h.hexdigest()[:12]}"
 
 
@@ -100,7 +118,7 @@ def load():
                 d.mkdir(parents=True, exist_ok=True)
                 if not _load_built(d, name):
                     cpp_extension.load(name=name, sources=[str(p) for p in _SOURCES], build_directory=str(d),
-                                       extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False,
+                                       extra_cflags=cflags(), extra_ldflags=["-fopenmp"], is_python_module=False,
                                        verbose=False)
                 op = torch.ops.sparsekv_cpu.paged_decode
             except Exception as exc:          # a missing compiler, headers or OpenMP: fall back, say why once
@@ -120,11 +138,14 @@ def reason() -> str | None:
     return _state.get("reason")
 
 
+SPLIT_ITEMS = 32      # (kv head, split) work items to aim for: enough for 16 threads twice
+
+
 def splits_for(num_heads: int, width: int) -> int:
-    """Splits per kv head: enough (head, split) items for every thread twice, at least 4 blocks each
-    (`width` = entries per head; no host read of the selection is needed)."""
-    want = -(-2 * torch.get_num_threads() // num_heads)
-    return max(1, min(want, width // 4 or 1))
+    """Splits per kv head: about SPLIT_ITEMS (head, split) items in all, at least 4 blocks each (`width` =
+    entries per head; no host read of the selection is needed). The thread count is deliberately not an input:
+    the split merge's order then never changes with it, so neither do the output's bits."""
+    return max(1, min(-(-SPLIT_ITEMS // num_heads), width // 4 or 1))
 
 
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, blocks: torch.Tensor,

@@ -9,6 +9,11 @@ import sparsekv as sk
 
 REPO = Path(__file__).resolve().parents[1]      # the repository root the suite tests run against
 
+# The tests' own threads: the cores idle now (OMP_NUM_THREADS wins if set), so a busy neighbour costs a core rather
+# than a stall at every parallel op (sparsekv.suite.threads). Notebooks get their own choice from the runner.
+from sparsekv.suite import threads as _threads  # noqa: E402
+torch.set_num_threads(_threads.choose())
+
 # Triton's interpreter is chosen when functions are decorated: triton.language's own helpers at
 # `import triton`, the kernels at their import. Import both here, first, with the flag set; the
 # kernel tests set it again while they run (it is also checked per call), and every other test

@@ -1,5 +1,6 @@
 """The install layout: kernels/ is sparsekv.kernels, never a top-level `kernels`."""
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -17,13 +18,71 @@ def test_import_has_no_heavy_side_effects():
     assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0
 
 
-def test_the_cpu_kernel_source_ships_with_the_package():
-    from sparsekv.kernels import cpu_decode
-    assert cpu_decode._SOURCE.is_file() and cpu_decode._SOURCE.suffix == ".cpp"
-    import tomllib
+WHEEL_CHECK = r"""
+import importlib, pathlib, pkgutil, subprocess, sys
+import torch
+import sparsekv, sparsekv.kernels
+venv = pathlib.Path(sys.argv[1]).resolve()
+assert pathlib.Path(sparsekv.__file__).resolve().is_relative_to(venv), sparsekv.__file__     # not the checkout
+names = [m.name for m in pkgutil.walk_packages(sparsekv.__path__, "sparsekv.")]
+for name in names:
+    importlib.import_module(name)                                      # every module of every subpackage imports
+subs = {n for n in names if pathlib.Path(importlib.import_module(n).__file__).name == "__init__.py"}
+from sparsekv.kernels import cpu_decode
+assert cpu_decode.available(), cpu_decode.reason()                    # compiled from the installed sources
+so = cpu_decode.build_dir() / f"{cpu_decode._name()}.so"
+assert so.is_file() and so.resolve().is_relative_to(pathlib.Path(sys.argv[2]).resolve()), so
+calls = []
+real = (cpu_decode.route_topk, cpu_decode.paged_decode)
+cpu_decode.route_topk = lambda *a: calls.append("route") or real[0](*a)
+cpu_decode.paged_decode = lambda *a, **k: calls.append("attend") or real[1](*a, **k)
+model = sparsekv.Model(sparsekv.ModelConfig.from_name("tiny"))
+engine = sparsekv.Engine(model, router=sparsekv.Router("minmax", token_budget=16), block_size=8, num_blocks=32,
+                         progress=False)
+seq = engine.new_sequence()
+engine.prefill(seq, list(range(40)))
+engine.decode(seq, 2)
+assert calls.count("route") == 2 * len(model.config.attn_layers) and "attend" in calls, calls
+help = subprocess.run([sys.executable, "-m", "sparsekv", "--help"], capture_output=True, text=True)
+assert help.returncode == 0 and "notebooks" in help.stderr + help.stdout
+print("ok", len(names), "modules;", ", ".join(sorted(subs)))
+"""
+
+
+def test_the_wheel_installs_outside_the_checkout_and_compiles_its_kernel(tmp_path):
+    """Build the wheel, install it into a fresh virtual environment outside the checkout (torch and the other
+    dependencies come from this environment's site-packages through a .pth file, so nothing is downloaded),
+    then import every module, compile the C++ extension from the installed sources and headers into a fresh
+    cache, run one routed decode on the fused kernels, and run `python -m sparsekv --help`."""
+    import sysconfig
     from pathlib import Path
-    cfg = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    assert "cpu/*.cpp" in cfg["tool"]["setuptools"]["package-data"]["sparsekv.kernels"]
+    root = Path(__file__).resolve().parents[1]
+    dist = tmp_path / "dist"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(dist), str(root)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = dist.glob("sparsekv-*.whl")
+    import zipfile
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    for src in (root / "kernels" / "cpu").iterdir():                    # every kernel source and header
+        assert f"sparsekv/kernels/cpu/{src.name}" in shipped, src.name
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")   # torch, numpy, yaml: after ours
+    inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
+                          capture_output=True, text=True)
+    assert inst.returncode == 0, inst.stderr[-3000:]
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARSEKV_", "PYTHONPATH"))}
+    env["XDG_CACHE_HOME"] = str(cache)                                   # an empty cache: the kernel must build
+    run = subprocess.run([str(py), "-c", WHEEL_CHECK, str(venv), str(cache)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    for sub in ("sparsekv.serving", "sparsekv.kernels", "sparsekv.storage", "sparsekv.suite"):
+        assert sub in run.stdout, run.stdout
 
 
 def test_make_lab_opens_jupyterlab_on_the_notebooks_with_the_project_kernel():

@@ -163,3 +163,38 @@ def test_separated_serving_adds_prefill_transfer_and_decode_exactly():
     assert b.ttft_s > a.ttft_s                              # b's prompt waited for a's on the prefill device
     co = disagg.colocated(cm, reqs, 8, 64, 4, 64)
     assert [r.rid for r in co.records] == [0, 1] and co.records[0].ttft_s == pytest.approx(pre + cm.decode_s(1, 41))
+
+
+# -- GPU-scale projections (serving.gpu) --------------------------------------------------------------
+
+def test_a_routed_gpu_projection_charges_the_summaries_a_router_reads_from_the_store():
+    """The roofline's routed step reads the routed K/V and every block's summaries, and a tiered store holds those
+    summaries in HBM. The summary bytes are checked against what `Router.select` reports reading from a real
+    bf16 store, so a projection that drops them (or counts them another way) fails here."""
+    from sparsekv.serving import gpu
+    cfg = sk.ModelConfig.from_name("tiny")                       # 2 attention layers, 2 kv heads, head dim 16
+    C, budget, bs = 16 * 37 + 5, 64, 16
+    layout = gpu.CacheLayout(block_size=bs)
+    store = sk.BlockStore(sk.StoreConfig(num_layers=len(cfg.attn_layers), num_kv_heads=cfg.n_kv_heads,
+                                         head_dim=cfg.head_dim, block_size=bs, num_blocks=64, dtype="bf16",
+                                         summaries=("kmin", "kmax")))
+    seq = store.new_sequence()
+    kv = torch.randn(len(cfg.attn_layers), C, cfg.n_kv_heads, cfg.head_dim).to(torch.bfloat16)
+    store.append(seq, kv, kv)
+    sel = sk.Router("minmax", token_budget=budget).select(torch.randn(cfg.n_heads, cfg.head_dim), store, seq, 0)
+    measured = sel.traffic.summary_bytes * len(cfg.attn_layers)          # every layer routes
+    assert gpu.summary_bytes(cfg, C, layout) == measured == store.summary_bytes() // 64 * seq.num_blocks
+    routed, dense = gpu.sequence_cache(cfg, C, budget, layout), gpu.sequence_cache(cfg, C, None, layout)
+    kv_rows = 2 * len(cfg.attn_layers) * cfg.n_kv_heads * cfg.head_dim * 2 * ((budget // bs - 1) * bs + C % bs)
+    assert routed.read == kv_rows + measured                      # routed rows plus every block's summaries
+    assert dense.read == 2 * len(cfg.attn_layers) * cfg.n_kv_heads * cfg.head_dim * 2 * C
+    # the step time charges them: at least weights + batch * (rows + summaries) over the bandwidth
+    step = gpu.decode_step_s(cfg, gpu.H200, 8, C, budget, layout, step_overhead_s=0.0)
+    assert step * gpu.H200.bandwidth * 0.8 == pytest.approx(gpu.param_count(cfg) * 2 + 8 * (kv_rows + measured))
+    # a tiered store keeps every block's summaries hot: what fits is bounded by them, not by the budget alone
+    big = sk.ModelConfig.from_name("llama-1b")
+    free = gpu.H200.hbm_bytes - gpu.param_count(big) * 2
+    n = gpu.max_batch(big, gpu.H200, 1 << 20, 2048, tiered=True, layout=layout)
+    assert n * gpu.summary_bytes(big, 1 << 20, layout) <= free < (n + 1) * gpu.summary_bytes(big, 1 << 20, layout) * 1.2
+    with pytest.raises(ValueError, match="tiered needs a routing budget"):
+        gpu.max_batch(big, gpu.H200, 1 << 20, tiered=True)

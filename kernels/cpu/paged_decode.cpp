@@ -12,6 +12,10 @@
 //   merge the splits of each head with their (m, l):  out = sum_s acc_s e^(m_s - M) / L,
 //   lse = M + log L, with M = max_s m_s and L = sum_s l_s e^(m_s - M).
 //
+// Splits are chosen from the selection's width alone (cpu_decode.splits_for), never from the thread count, and
+// each item is computed by one thread in a fixed order, so the result is the same bits at any thread count;
+// simd.h makes it the same bits for any instruction set.
+//
 // Memory: every K and V row is read once, straight from the store's head-major pool (no gather
 // copy), and the G query heads of a group share it. While the scores of tile t are computed, the K and
 // V rows of tile t + ahead of the same item (about 128 KiB further on) are prefetched into L2, a row
@@ -20,7 +24,8 @@
 // heads' accumulators, two rows at a time; for V, the accumulators of 32 output lanes of up to 4 heads
 // stay in registers across all rows of the tile, so acc is loaded and stored once per tile, not once
 // per row. Storage is float32 or bfloat16; accumulation is always float32.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
@@ -38,8 +43,8 @@ using skv::V16;
 using skv::kHeadsPerPass;
 using skv::kLanes;
 
-// A finite "minus infinity": the kernel is compiled with -ffast-math (so that exp vectorises), which
-// assumes no infinities; exp(kNegBig - x) is 0 for every finite score x.
+// A finite "minus infinity" for the running maximum: exp(kNegBig - x) is exactly 0 for every finite score x
+// (skv::exp), and no infinity ever enters the arithmetic.
 constexpr float kNegBig = -3.0e38f;
 
 struct Dims {
@@ -194,21 +199,12 @@ void run(const float* q, const T* k, const T* v, const int64_t* table, const int
                    pf ? v + offs[t + ahead] : nullptr, G);
         for (int64_t g = 0; g < G; ++g) {                 // online softmax: rescale, then exponentiate the tile
           float* sg = s.data() + g * bs;
-          float mx = m[g];
-          for (int64_t r = 0; r < rows; ++r) mx = std::max(mx, sg[r]);
-          const float corr = std::exp(m[g] - mx);      // 0 on the first tile (m = kNegBig)
+          const float mx = skv::max_of(sg, rows, m[g]);
+          const float corr = skv::exp1(m[g] - mx);       // 0 on the first tile (m = kNegBig)
           float* ag = acc.data() + g * d.Dp;
-          if (corr != 1.f) {
-#pragma omp simd
+          if (corr != 1.f)
             for (int64_t x = 0; x < d.Dp; ++x) ag[x] *= corr;
-          }
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t r = 0; r < rows; ++r) {          // vectorised exp (libmvec under -ffast-math)
-            sg[r] = std::exp(sg[r] - mx);
-            sum += sg[r];
-          }
-          l[g] = l[g] * corr + sum;
+          l[g] = l[g] * corr + skv::exp_sum(sg, rows, mx);   // sg becomes the tile's numerators
           m[g] = mx;
         }
         pv_all(s.data(), v + offs[t], rows, d, acc.data(), G);
@@ -236,7 +232,7 @@ void merge(const float* m, const float* l, const float* acc, int64_t H, int64_t 
       for (int64_t s = 0; s < S; ++s) {
         const int64_t at = (h * S + s) * G + g;
         if (l[at] == 0.f) continue;                  // an empty split
-        const float w = std::exp(m[at] - M);
+        const float w = skv::exp1(m[at] - M);
         L += l[at] * w;
         const float* a = acc + at * D;
         for (int64_t x = 0; x < D; ++x) o[x] += w * a[x];
@@ -256,15 +252,15 @@ void merge(const float* m, const float* l, const float* acc, int64_t H, int64_t 
 // table [nb] int64 physical ids in logical order; blocks [H, K] int64 logical ids per head, -1 for
 // padding (dense: every block); num_tokens N; splits S per head.
 // Returns out [Hq, D] float32 and lse [Hq] float32 (a head with nothing to read: out 0, lse -inf).
-std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
-                                        torch::Tensor blocks, int64_t num_tokens, int64_t splits) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q must be [Hq, D] float32");
+std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table,
+                                        at::Tensor blocks, int64_t num_tokens, int64_t splits) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [Hq, D] float32");
   TORCH_CHECK(k.dim() == 4 && k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes(),
               "k and v must be contiguous [H, NB, bs, D]");
   TORCH_CHECK(k.scalar_type() == v.scalar_type() &&
-                  (k.scalar_type() == torch::kFloat32 || k.scalar_type() == torch::kBFloat16),
+                  (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
               "k and v must be float32 or bfloat16");
-  TORCH_CHECK(table.scalar_type() == torch::kInt64 && blocks.scalar_type() == torch::kInt64 &&
+  TORCH_CHECK(table.scalar_type() == at::kLong && blocks.scalar_type() == at::kLong &&
                   table.is_contiguous() && blocks.is_contiguous(), "table and blocks must be contiguous int64");
   const int64_t H = k.size(0), NB = k.size(1), bs = k.size(2), D = k.size(3);
   TORCH_CHECK(q.size(1) == D && q.size(0) % H == 0, "q must be [H * G, D]");
@@ -272,10 +268,10 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k, torch:
   const int64_t G = q.size(0) / H, K = blocks.size(1), S = std::max<int64_t>(1, splits);
   const int64_t P = (D + 2 * kLanes - 1) / (2 * kLanes);
   const Dims d{D, P, P * 2 * kLanes, bs, static_cast<int>(D - (P - 1) * 2 * kLanes)};
-  auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
-  auto m = torch::empty({H, S, G}, f32), l = torch::empty({H, S, G}, f32), acc = torch::empty({H, S, G, D}, f32);
+  auto f32 = at::TensorOptions().dtype(at::kFloat);
+  auto m = at::empty({H, S, G}, f32), l = at::empty({H, S, G}, f32), acc = at::empty({H, S, G, D}, f32);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  if (k.scalar_type() == torch::kFloat32) {
+  if (k.scalar_type() == at::kFloat) {
     run<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
                blocks.data_ptr<int64_t>(), K, H, G, d, NB, num_tokens, S, scale, m.data_ptr<float>(),
                l.data_ptr<float>(), acc.data_ptr<float>());
@@ -285,7 +281,7 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k, torch:
                   blocks.data_ptr<int64_t>(), K, H, G, d, NB, num_tokens, S, scale, m.data_ptr<float>(),
                   l.data_ptr<float>(), acc.data_ptr<float>());
   }
-  auto out = torch::empty({H * G, D}, f32), lse = torch::empty({H * G}, f32);
+  auto out = at::empty({H * G, D}, f32), lse = at::empty({H * G}, f32);
   merge(m.data_ptr<float>(), l.data_ptr<float>(), acc.data_ptr<float>(), H, S, G, D, out.data_ptr<float>(),
         lse.data_ptr<float>());
   return {out, lse};

@@ -1,12 +1,13 @@
 // The operators of the CPU extension, registered once with torch.library as torch.ops.sparsekv_cpu.*.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <vector>
 
-std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
-                                        torch::Tensor blocks, int64_t num_tokens, int64_t splits);
-torch::Tensor minmax_scores(torch::Tensor q, torch::Tensor kmin, torch::Tensor kmax, torch::Tensor table);
-std::vector<torch::Tensor> route_topk(torch::Tensor q, torch::Tensor a, torch::Tensor b, torch::Tensor table,
+std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table,
+                                        at::Tensor blocks, int64_t num_tokens, int64_t splits);
+at::Tensor minmax_scores(at::Tensor q, at::Tensor kmin, at::Tensor kmax, at::Tensor table);
+std::vector<at::Tensor> route_topk(at::Tensor q, at::Tensor a, at::Tensor b, at::Tensor table,
                                       int64_t kind, int64_t top_k, int64_t sink, int64_t local);
 
 TORCH_LIBRARY(sparsekv_cpu, lib) {

@@ -11,8 +11,10 @@
 //   select  forced blocks (the first `sink`, the last `local`) rank first, then by mass, ties to the
 //           later block; the K best (nth_element, O(nb)), written in ascending block order
 // The result equals the torch path's (`Router.select`) wherever no two masses tie within float32
-// rounding; at a tie either block may be taken, as with torch.topk.
-#include <torch/extension.h>
+// rounding; an exact tie goes to the later block on both paths. The same bits at any thread count (one kv
+// head per work item) and for any instruction set (simd.h).
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
@@ -126,20 +128,13 @@ void group_mass(float* sc, int64_t G, int64_t nb, float* mass) {
   std::fill(mass, mass + nb, 0.f);
   for (int64_t g = 0; g < G; ++g) {
     float* sg = sc + g * nb;
-    float mx = sg[0];
-    for (int64_t j = 1; j < nb; ++j) mx = std::max(mx, sg[j]);
-    float z = 0.f;
-#pragma omp simd reduction(+ : z)
-    for (int64_t j = 0; j < nb; ++j) {                 // exponentiated in place (the scores are scratch)
-      sg[j] = std::exp(sg[j] - mx);
-      z += sg[j];
-    }
+    const float mx = skv::max_of(sg, nb, sg[0]);
+    const float z = skv::exp_sum(sg, nb, mx);          // exponentiated in place (the scores are scratch)
     const float w = 1.f / (z * static_cast<float>(G));
-#pragma omp simd
     for (int64_t j = 0; j < nb; ++j) mass[j] += sg[j] * w;
   }
   float total = 0.f;
-  for (int64_t j = 0; j < nb; ++j) total += mass[j];
+  for (int64_t j = 0; j < nb; ++j) total += mass[j];    // in order (no -ffast-math reorders it)
   for (int64_t j = 0; j < nb; ++j) mass[j] /= total;
 }
 
@@ -157,29 +152,29 @@ void top_blocks(const float* mass, int64_t nb, int64_t K, int64_t sink, int64_t 
 }
 
 template <typename T>
-const T* raw(const torch::Tensor& t) {
+const T* raw(const at::Tensor& t) {
   if constexpr (std::is_same_v<T, float>) return t.data_ptr<float>();
   else return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>());
 }
 
-void check_summaries(const torch::Tensor& q, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& table) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q must be [Hq, D] float32");
+void check_summaries(const at::Tensor& q, const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [Hq, D] float32");
   TORCH_CHECK(a.dim() == 3 && a.is_contiguous() && b.is_contiguous() && a.sizes() == b.sizes() &&
                   a.scalar_type() == b.scalar_type() &&
-                  (a.scalar_type() == torch::kFloat32 || a.scalar_type() == torch::kBFloat16),
+                  (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16),
               "summaries must be contiguous [H, NB, D] float32 or bfloat16, both alike");
-  TORCH_CHECK(table.scalar_type() == torch::kInt64 && table.is_contiguous() && table.dim() == 1,
+  TORCH_CHECK(table.scalar_type() == at::kLong && table.is_contiguous() && table.dim() == 1,
               "table must be a contiguous [nb] int64 tensor");
   TORCH_CHECK(q.size(1) == a.size(2) && q.size(0) % a.size(0) == 0, "q must be [H * G, D]");
 }
 
-Shape shape_of(const torch::Tensor& a) {
+Shape shape_of(const at::Tensor& a) {
   const int64_t D = a.size(2), P = (D + 2 * kLanes - 1) / (2 * kLanes);
   return Shape{D, P, P * 2 * kLanes, a.size(1), static_cast<int>(D - (P - 1) * 2 * kLanes)};
 }
 
 template <typename T>
-void scores_run(const torch::Tensor& q, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& table,
+void scores_run(const at::Tensor& q, const at::Tensor& a, const at::Tensor& b, const at::Tensor& table,
                 float* out) {
   const Shape s = shape_of(a);
   const int64_t H = a.size(0), G = q.size(0) / H, nb = table.numel();
@@ -195,7 +190,7 @@ void scores_run(const torch::Tensor& q, const torch::Tensor& a, const torch::Ten
 }
 
 template <typename T>
-void route_run(const torch::Tensor& q, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& table,
+void route_run(const at::Tensor& q, const at::Tensor& a, const at::Tensor& b, const at::Tensor& table,
                int64_t kind, int64_t K, int64_t sink, int64_t local, int64_t* blocks, float* mass) {
   const Shape s = shape_of(a);
   const int64_t H = a.size(0), G = q.size(0) / H, nb = table.numel();
@@ -219,11 +214,11 @@ void route_run(const torch::Tensor& q, const torch::Tensor& a, const torch::Tens
 
 // Quest's bound [H, G, nb] float32 for q [Hq, D] float32 over one layer's head-major summaries
 // kmin, kmax [H, NB, D] (float32 or bfloat16, read in place) at the blocks of table [nb].
-torch::Tensor minmax_scores(torch::Tensor q, torch::Tensor kmin, torch::Tensor kmax, torch::Tensor table) {
+at::Tensor minmax_scores(at::Tensor q, at::Tensor kmin, at::Tensor kmax, at::Tensor table) {
   check_summaries(q, kmin, kmax, table);
   const int64_t H = kmin.size(0), G = q.size(0) / H;
-  auto out = torch::empty({H, G, table.numel()}, torch::TensorOptions().dtype(torch::kFloat32));
-  if (kmin.scalar_type() == torch::kFloat32) scores_run<float>(q, kmin, kmax, table, out.data_ptr<float>());
+  auto out = at::empty({H, G, table.numel()}, at::TensorOptions().dtype(at::kFloat));
+  if (kmin.scalar_type() == at::kFloat) scores_run<float>(q, kmin, kmax, table, out.data_ptr<float>());
   else scores_run<uint16_t>(q, kmin, kmax, table, out.data_ptr<float>());
   return out;
 }
@@ -231,15 +226,15 @@ torch::Tensor minmax_scores(torch::Tensor q, torch::Tensor kmin, torch::Tensor k
 // Score, distribute and select in one pass (see the top of the file). kind 0: minmax over (a, b) =
 // (kmin, kmax); kind 1: mean over a = kmean (b is ignored; pass a again). top_k >= 1, sink >= 0, local >= 1.
 // Returns blocks [H, min(top_k, nb)] int64 ascending and mass [H, nb] float32.
-std::vector<torch::Tensor> route_topk(torch::Tensor q, torch::Tensor a, torch::Tensor b, torch::Tensor table,
+std::vector<at::Tensor> route_topk(at::Tensor q, at::Tensor a, at::Tensor b, at::Tensor table,
                                       int64_t kind, int64_t top_k, int64_t sink, int64_t local) {
   check_summaries(q, a, b, table);
   TORCH_CHECK(kind == kMinMax || kind == kMean, "kind must be 0 (minmax) or 1 (mean)");
   TORCH_CHECK(top_k >= 1 && sink >= 0 && local >= 1 && table.numel() >= 1, "need top_k >= 1, sink >= 0, local >= 1, nb >= 1");
   const int64_t H = a.size(0), nb = table.numel(), K = std::min(top_k, nb);
-  auto blocks = torch::empty({H, K}, torch::TensorOptions().dtype(torch::kInt64));
-  auto mass = torch::empty({H, nb}, torch::TensorOptions().dtype(torch::kFloat32));
-  if (a.scalar_type() == torch::kFloat32)
+  auto blocks = at::empty({H, K}, at::TensorOptions().dtype(at::kLong));
+  auto mass = at::empty({H, nb}, at::TensorOptions().dtype(at::kFloat));
+  if (a.scalar_type() == at::kFloat)
     route_run<float>(q, a, b, table, kind, K, sink, local, blocks.data_ptr<int64_t>(), mass.data_ptr<float>());
   else
     route_run<uint16_t>(q, a, b, table, kind, K, sink, local, blocks.data_ptr<int64_t>(), mass.data_ptr<float>());

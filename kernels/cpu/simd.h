@@ -1,14 +1,25 @@
 // Sixteen float32 lanes, the one vector type the CPU kernels are written in.
 //
-// With AVX-512 (this project's machines) a V16 is one zmm register: loads of float32 or bfloat16 storage
-// (bfloat16 widened by a 16-bit shift, exact), fused multiply-add, max, a horizontal sum and masked loads
-// for a head dim that is not a multiple of 16. Without AVX-512 the same operations run on a 16-float
-// array in loops that the compiler vectorises for what the machine has, so the kernels have one
-// algorithm and two instruction sets; the tests run whichever was compiled.
+// With AVX-512 a V16 is one zmm register: loads of float32 or bfloat16 storage (bfloat16 widened by a
+// 16-bit shift, exact), fused multiply-add, max, a horizontal sum, masked loads for a head dim that is
+// not a multiple of 16, and exp. Without AVX-512 the same operations run on a 16-float array in loops
+// that the compiler vectorises for what the machine has (AVX2, SSE), so the kernels have one algorithm
+// and several instruction sets.
+//
+// Reproducibility: every operation gives bit-identical results on both paths, so a kernel's output does
+// not depend on the instruction set it was built for (tests/test_cpu_kernel.py builds both and compares).
+// That needs three things, which the kernels keep to:
+//   1. fused multiply-add only where written (`fma`: one rounding on both paths); the extension is built
+//      with -ffp-contract=off and without -ffast-math, so the compiler neither fuses nor reorders;
+//   2. one order for every horizontal reduction (`hsum`, `hsum4`: the tree written below);
+//   3. one exp (`exp`, `exp1`): a polynomial in these operations, not libm's or libmvec's, whose results
+//      differ between their scalar, AVX2 and AVX-512 variants.
+// A sum over a loop is accumulated in lanes (element i into lane i % 16) and reduced by `hsum`.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -71,7 +82,36 @@ inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline V16 add(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V16 mul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V16 max(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
-inline float hsum(V16 a) { return _mm512_reduce_add_ps(a.v); }
+// The sum tree (both paths): t_k = (x[4k] + x[4k+2]) + (x[4k+1] + x[4k+3]) per 128-bit lane k, then
+// (t_0 + t_2) + (t_1 + t_3). Float addition commutes exactly, so each shuffle-add below keeps that order.
+inline float hsum(V16 a) {
+  __m512 x = _mm512_add_ps(a.v, _mm512_permute_ps(a.v, _MM_SHUFFLE(1, 0, 3, 2)));   // x0+x2, x1+x3 per lane
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));              // t_k
+  x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 0, 3, 2)));        // t0+t2, t1+t3
+  x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_cvtss_f32(x);
+}
+inline float hmax(V16 a) { return _mm512_reduce_max_ps(a.v); }       // exact in any order
+inline V16 sub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+// The first n lanes of a (n in 0..16), the rest 0.
+inline V16 first_n(V16 a, int n) { return {_mm512_maskz_mov_ps(static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1), a.v)}; }
+inline void store_n(float* p, V16 a, int n) {
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1), a.v);
+}
+// Lanes of a where a >= lo, 0 elsewhere.
+inline V16 zero_below(V16 a, V16 test, float lo) {
+  return {_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(test.v, _mm512_set1_ps(lo), _CMP_GE_OQ), a.v)};
+}
+// round-to-nearest-even of |x| < 2^22, through the 1.5 * 2^23 shifter (an add and a subtract), and 2^n
+// for the integer-valued float n in [-126, 127] (the exponent field written directly).
+inline V16 shift_round(V16 x) {
+  const __m512 c = _mm512_set1_ps(12582912.0f);
+  return {_mm512_sub_ps(_mm512_add_ps(x.v, c), c)};
+}
+inline V16 pow2(V16 n) {
+  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
 // out[0..3] = hsum(a), hsum(b), hsum(c), hsum(d): one transpose-and-add instead of four reductions.
 inline void hsum4(V16 a, V16 b, V16 c, V16 d, float* out) {
   const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a.v, b.v), _mm512_unpackhi_ps(a.v, b.v));   // per 128-bit lane
@@ -107,16 +147,96 @@ inline void load2_n(const uint16_t* p, int n, V16& a, V16& b) {       // even- a
   for (int i = 0; i < n; ++i) (i % 2 ? b : a).v[i / 2] = bf16_to_float(p[i]);
 }
 inline void load2(const uint16_t* p, V16& a, V16& b) { load2_n(p, 2 * kLanes, a, b); }
-inline V16 fma(V16 a, V16 b, V16 c) { for (int i = 0; i < kLanes; ++i) c.v[i] += a.v[i] * b.v[i]; return c; }
+// One rounding, as _mm512_fmadd_ps (a machine without FMA computes it in software, exactly).
+inline V16 fma(V16 a, V16 b, V16 c) { for (int i = 0; i < kLanes; ++i) c.v[i] = __builtin_fmaf(a.v[i], b.v[i], c.v[i]); return c; }
 inline V16 add(V16 a, V16 b) { for (int i = 0; i < kLanes; ++i) a.v[i] += b.v[i]; return a; }
+inline V16 sub(V16 a, V16 b) { for (int i = 0; i < kLanes; ++i) a.v[i] -= b.v[i]; return a; }
 inline V16 mul(V16 a, V16 b) { for (int i = 0; i < kLanes; ++i) a.v[i] *= b.v[i]; return a; }
 inline V16 max(V16 a, V16 b) { for (int i = 0; i < kLanes; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a; }
-inline float hsum(V16 a) { float s = 0.f; for (int i = 0; i < kLanes; ++i) s += a.v[i]; return s; }
+// The sum tree of the AVX-512 path, written out.
+inline float hsum(V16 a) {
+  float t[4];
+  for (int k = 0; k < 4; ++k) t[k] = (a.v[4 * k] + a.v[4 * k + 2]) + (a.v[4 * k + 1] + a.v[4 * k + 3]);
+  return (t[0] + t[2]) + (t[1] + t[3]);
+}
+inline float hmax(V16 a) { float m = a.v[0]; for (int i = 1; i < kLanes; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
 inline void hsum4(V16 a, V16 b, V16 c, V16 d, float* out) { out[0] = hsum(a), out[1] = hsum(b), out[2] = hsum(c), out[3] = hsum(d); }
+inline V16 first_n(V16 a, int n) { for (int i = n < 0 ? 0 : n; i < kLanes; ++i) a.v[i] = 0.f; return a; }
+inline void store_n(float* p, V16 a, int n) { for (int i = 0; i < n && i < kLanes; ++i) p[i] = a.v[i]; }
+inline V16 zero_below(V16 a, V16 test, float lo) { for (int i = 0; i < kLanes; ++i) a.v[i] = test.v[i] >= lo ? a.v[i] : 0.f; return a; }
+inline V16 shift_round(V16 x) {
+  for (int i = 0; i < kLanes; ++i) {
+    x.v[i] = (x.v[i] + 12582912.0f) - 12582912.0f;     // two roundings: no -ffast-math folds them
+  }
+  return x;
+}
+inline V16 pow2(V16 n) {
+  V16 r;
+  for (int i = 0; i < kLanes; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n.v[i]) + 127) << 23;
+    std::memcpy(&r.v[i], &bits, sizeof(float));
+  }
+  return r;
+}
 template <typename T>
 inline void prefetch_l2(const T* p) { __builtin_prefetch(p, 0, 2); }
 
 #endif
+
+// exp(x) for float32 lanes, the same bits on every path: x = n ln2 + r with n = round(x log2 e) and |r| <=
+// ln2 / 2 (ln2 split in two for an exact product), exp(r) by Cephes' degree-6 polynomial (about 1 ulp), times
+// 2^n. Inputs are clamped to [-87.3, 88.7]; below -87.3 (a score far under the maximum, or the kNegBig
+// sentinel) the result is exactly 0.
+inline V16 exp(V16 x) {
+  const V16 lo = splat(-87.3f);
+  const V16 xc = max(x, lo), c = splat(88.7f);
+  V16 y = sub(xc, max(sub(xc, c), zero()));                  // min(x, 88.7) in the ops above
+  const V16 n = shift_round(mul(y, splat(1.44269504088896341f)));
+  V16 r = fma(n, splat(-0.693359375f), y);
+  r = fma(n, splat(2.12194440e-4f), r);
+  V16 p = splat(1.9875691500e-4f);
+  p = fma(p, r, splat(1.3981999507e-3f));
+  p = fma(p, r, splat(8.3334519073e-3f));
+  p = fma(p, r, splat(4.1665795894e-2f));
+  p = fma(p, r, splat(1.6666665459e-1f));
+  p = fma(p, r, splat(5.0000001201e-1f));
+  const V16 e = add(fma(p, mul(r, r), r), splat(1.f));
+  return zero_below(mul(e, pow2(n)), x, -87.3f);
+}
+// The same exp for one float (a lane of `exp`, bit for bit).
+inline float exp1(float x) {
+  float buf[kLanes] = {x};
+  store(buf, exp(load(buf)));
+  return buf[0];
+}
+// sum of exp(s[r] - mx) over r < n, each term written back into s (the softmax numerator in place), the
+// terms accumulated in lanes and reduced by hsum: one order on every path.
+inline float exp_sum(float* s, int64_t n, float mx) {
+  const V16 m = splat(mx);
+  V16 acc = zero();
+  int64_t r = 0;
+  for (; r + kLanes <= n; r += kLanes) {
+    const V16 e = exp(sub(load(s + r), m));
+    store(s + r, e);
+    acc = add(acc, e);
+  }
+  if (r < n) {
+    const int rest = static_cast<int>(n - r);
+    const V16 e = first_n(exp(sub(load_n(s + r, rest), m)), rest);
+    store_n(s + r, e, rest);
+    acc = add(acc, e);
+  }
+  return hsum(acc);
+}
+// max of s[r] over r < n (at least -3e38).
+inline float max_of(const float* s, int64_t n, float init) {
+  V16 acc = splat(init);
+  int64_t r = 0;
+  for (; r + kLanes <= n; r += kLanes) acc = max(acc, load(s + r));
+  float m = hmax(acc);
+  for (; r < n; ++r) m = s[r] > m ? s[r] : m;
+  return m;
+}
 
 // Where lane i (0..31) of a load2 pair comes from in its 32 elements: the identity for float32, even
 // then odd elements for bfloat16. Vectors multiplied with such pairs (queries, accumulators) are laid

@@ -176,15 +176,17 @@ def anatomy(engine: Engine, seq: Sequence, tokens: list[int], routers: dict[str,
     """Dense decode of `tokens` on a fork, measuring each attention layer's true block mass.
 
     One row per (step, layer): blocks that hold 90% and 99% of each query head's mass (mean over
-    heads), the attention sink's share (block 0), and each router's mass recall (mean over heads).
+    heads, and per head in `blocks90_heads`: a few layers' heads spread wide, so a mean alone misleads),
+    the attention sink's share (block 0), and each router's mass recall (mean over heads).
     """
     store, rows = engine.store, []
 
     def observe(child: Sequence, step: int, layer: int, q: torch.Tensor) -> None:
         mass = block_attention_mass(q, store, child, layer)                       # [Hq, nb]
         cum = mass.sort(-1, descending=True).values.cumsum(-1)
+        b90 = ((cum < 0.9).sum(-1) + 1).clamp_max(mass.shape[1])                 # [Hq]
         row = {"step": step, "layer": layer, "num_blocks": mass.shape[1],
-               "blocks90": float(((cum < 0.9).sum(-1) + 1).float().mean()),
+               "blocks90": float(b90.float().mean()), "blocks90_heads": b90.tolist(),
                "blocks99": float(((cum < 0.99).sum(-1) + 1).clamp_max(mass.shape[1]).float().mean()),
                "sink": float(mass[:, 0].mean())}
         for name, r in routers.items():

@@ -281,3 +281,13 @@ def ttft_reload(model: Model, prefix, suffix, cold_dir, block_size: int = 16, re
     same = all(int(r[1].argmax()) == int(ref.argmax()) for v in runs.values() for r in v)
     reload = sorted(runs["reload"], key=lambda r: r[0])[len(runs["reload"]) // 2]      # the median run
     return TTFTResult(len(prefix), med["recompute"], med["hot"], med["reload"], reload[2], reload[3], dl, same)
+
+
+def crossover_words(crossover: int | None, lengths: list[int]) -> str:
+    """Where reloading a spilled prefix starts to beat recomputing it, in words: `crossover` is the shortest
+    prefix from which reload is faster at every longer length measured (None or -1: never)."""
+    if crossover is None or crossover < 0:
+        return "at no prefix length measured"
+    lengths = sorted(lengths)
+    return (f"at every prefix length measured ({lengths[0]:,} to {lengths[-1]:,} tokens)" if crossover == lengths[0]
+            else f"from {int(crossover):,} tokens on")

@@ -102,7 +102,7 @@ def all_blocks(store: BlockStore, seq: Sequence) -> torch.Tensor:
 
 
 def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
-                      backend: str = "auto") -> torch.Tensor:
+                      backend: str = "auto", fresh: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of the last T tokens of `seq` over the cached prefix plus themselves.
 
     q: [T, Hq, D], the queries of tokens [num_tokens - T, num_tokens), whose K/V are already
@@ -110,15 +110,36 @@ def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: 
     float32 (float64 if q is float64); "torch" (the default) runs SDPA with GQA and the
     causal offset of the cached prefix, so it never forms the [Hq, T, N] scores on the CPU's
     flash path.
+
+    fresh: the chunk's own K and V ([T, H, D] each, as the model computed them). When given, the chunk
+    attends to itself at that precision and reads only the prefix [0, num_tokens - T) from the store,
+    as a quantised KV cache is used in vLLM and transformers: storage precision applies to what later
+    steps read. For a store in the model's dtype this is the same values; for int8 (or a narrower
+    dtype) it keeps a prompt's rounding from feeding back through the layers of its own prefill,
+    which otherwise turns rounding-level differences between CPUs into different codes (measured:
+    11% of layer-17 codes after a 368-token prefill, from a handful of ties at layer 2).
     """
-    return _implementation("prefill", backend, q, store)(q, store, seq, layer)
+    return _implementation("prefill", backend, q, store)(q, store, seq, layer, fresh)
 
 
-def _prefill_sdpa(q, store, seq, layer):
+def _prefill_kv(q, store, seq, layer, fresh):
+    """K, V [N, H, D] the chunk attends to: the store's, the last T rows replaced by `fresh` if given."""
+    k, v = store.gather(seq, layer)                                       # [N, H, D]
+    if fresh is None:
+        return k, v
+    fk, fv = fresh
+    T, N = q.shape[0], seq.num_tokens
+    check_tensor("fresh[0]", fk, (T, store.config.num_kv_heads, store.config.head_dim), device=store.config.device)
+    check_tensor("fresh[1]", fv, (T, store.config.num_kv_heads, store.config.head_dim), device=store.config.device)
+    cd = torch.promote_types(k.dtype, fk.dtype)
+    return torch.cat([k[:N - T].to(cd), fk.to(cd)]), torch.cat([v[:N - T].to(cd), fv.to(cd)])
+
+
+def _prefill_sdpa(q, store, seq, layer, fresh=None):
     _check_prefill_args(q, store, seq, layer)
     T, Hq, D = q.shape
     N = seq.num_tokens
-    k, v = store.gather(seq, layer)                                       # [N, H, D]
+    k, v = _prefill_kv(q, store, seq, layer, fresh)                       # [N, H, D]
     cd = torch.float32 if q.dtype == torch.float32 else q.dtype
     qh = q.to(cd).permute(1, 0, 2)[None]                                  # [1, Hq, T, D]
     kh, vh = k.to(cd).permute(1, 0, 2)[None], v.to(cd).permute(1, 0, 2)[None]
@@ -142,13 +163,13 @@ def _check_prefill_args(q, store, seq, layer):
         raise ValueError(f"q must hold between 1 and seq.num_tokens={seq.num_tokens} queries, got {T}")
 
 
-def _prefill_reference(q, store, seq, layer):
+def _prefill_reference(q, store, seq, layer, fresh=None):
     """The definition: full causal score matrix over the prefix plus the new tokens."""
     c = store.config
     _check_prefill_args(q, store, seq, layer)
     T, Hq, D = q.shape
     G, N = Hq // c.num_kv_heads, seq.num_tokens
-    k, v = store.gather(seq, layer)                                       # [N, H, D]
+    k, v = _prefill_kv(q, store, seq, layer, fresh)                       # [N, H, D]
     cd = _compute_dtype(q)
     qh = q.to(cd).view(T, c.num_kv_heads, G, D).permute(1, 2, 0, 3)       # [H, G, T, D]
     s = qh @ k.to(cd).permute(1, 2, 0)[:, None] / math.sqrt(D)           # [H, G, T, N]
@@ -340,8 +361,10 @@ def _batch_torch(q, store, seqs, layer, blocks):
     return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
-def _prefill_torch(q, store, seq, layer):
-    return _prefill_reference(q, store, seq, layer) if q.dtype == torch.float64 else _prefill_sdpa(q, store, seq, layer)
+def _prefill_torch(q, store, seq, layer, fresh=None):
+    if q.dtype == torch.float64:
+        return _prefill_reference(q, store, seq, layer, fresh)
+    return _prefill_sdpa(q, store, seq, layer, fresh)
 
 
 def _over_all_blocks(sparse_fn):

@@ -186,3 +186,11 @@ def cache_bytes(family: str, *, layers: int, kv_heads: int, head_dim: int, token
     k = min(nb, max(2, budget // block_size))
     rows = (k - 1) * block_size + tokens - (nb - 1) * block_size      # the last (local) block is partial
     return CacheBytes(held, lh * (2 * rows * row + nb * summaries_read * D * si))
+
+
+def roofline_bound(intensity: float, ridge: float, tol: float = 0.05) -> str:
+    """Which roofline bound a kernel at `intensity` flop/byte meets on a machine whose ridge is `ridge` flop/byte:
+    "memory-bound" or "compute-bound", or "at the ridge" within `tol` of it (both floors then matter)."""
+    if abs(intensity - ridge) <= tol * ridge:
+        return "at the ridge"
+    return "memory-bound" if intensity < ridge else "compute-bound"

@@ -145,9 +145,6 @@ class Engine:
                                             dtype=kv_dtype or model.dtype, kv_bits=cfg.kv_bits,
                                             cold_dir=cfg.cold_dir, hot_blocks=cfg.hot_blocks,
                                             placement=cfg.placement))
-        if self.store.tiers is not None:
-            # A prefill chunk's writes must fit the hot tier (BlockStore.reserve): cap the chunk to it.
-            self.chunk_size = max(1, min(chunk_size, (self.store.config.hot_blocks - 1) * block_size))
         self._states: dict[int, _State] = {}
         self.prefix_cache = None
         if prefix_cache:
@@ -237,7 +234,7 @@ class Engine:
             bar = tqdm(total=len(todo), desc="prefill", unit="tok", leave=False)
         logits = None
         for chunk in chunks:
-            logits = self._forward(seq, chunk, attend=lambda layer, q: prefill_attention(q, self.store, seq, layer))
+            logits = self._forward(seq, chunk, attend=self._prefill_attend(seq))
             st.tokens.extend(chunk.tolist())
             if bar is not None:
                 bar.update(len(chunk))
@@ -326,7 +323,7 @@ class Engine:
             st.tokens.append(tok)
         plans, steps = [None] * len(seqs), [StepStats(0.0, 0, 0, 0) for _ in seqs]
 
-        def attend(layer: int, q: torch.Tensor) -> torch.Tensor:               # q [B, Hq, D]
+        def attend(layer: int, q: torch.Tensor, k=None, v=None) -> torch.Tensor:   # q [B, Hq, D]
             for b, s in enumerate(seqs):
                 if plans[b] is None:
                     plans[b] = plan_decode(self.store, s, q.shape[1])
@@ -359,7 +356,7 @@ class Engine:
         st = self._state(seq)
         ids = self._as_ids(token_ids)
         t0 = time.perf_counter()
-        logits = self._forward(seq, ids, attend=lambda layer, q: prefill_attention(q, self.store, seq, layer))
+        logits = self._forward(seq, ids, attend=self._prefill_attend(seq))
         st.tokens.extend(ids.tolist())
         st.next_logits = logits[0]
         st.stats.prompt_tokens += len(ids)
@@ -399,7 +396,8 @@ class Engine:
         layer (after the token's slot is reserved); every layer then runs the plan unchecked."""
         plan = None
 
-        def attend(layer: int, q: torch.Tensor) -> torch.Tensor:      # q [1, Hq, D]
+        def attend(layer: int, q: torch.Tensor, k=None, v=None) -> torch.Tensor:   # q [1, Hq, D]; decode reads
+            # its own token from the store, as stored (k, v unused)
             nonlocal plan
             if plan is None:
                 plan = plan_decode(self.store, seq, q.shape[1])
@@ -426,6 +424,11 @@ class Engine:
         return attend
 
     # -- internals ------------------------------------------------------------------------
+    def _prefill_attend(self, seq: Sequence):
+        """Prefill attention for one chunk: the cached prefix from the store, the chunk's own K/V as computed
+        (`prefill_attention(fresh=...)`: a quantised store's rounding applies to later reads only)."""
+        return lambda layer, q, k, v: prefill_attention(q, self.store, seq, layer, fresh=(k, v))
+
     def _prefetch(self, seq: Sequence, layer: int, sel) -> None:
         """Read ahead, for the next step, the selection widened by `config.prefetch` blocks per kv head
         (the next ranked by this step's mass); only tiles in the cold tier are read."""

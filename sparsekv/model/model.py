@@ -7,8 +7,8 @@ checkpoint's tensors load by name after dropping the `model.` prefix.
 
 The model does not own a cache. `forward(tokens, positions, res, attend)` writes each
 layer's K/V into the slots of `res` (a `Reservation` from `store.reserve`) and calls
-`attend(layer, q)` for attention; the engine decides whether that is chunked prefill,
-dense decode or routed sparse decode.
+`attend(layer, q, k, v)` for attention (k, v: the chunk's own K/V as computed, before the store's
+rounding); the engine decides whether that is chunked prefill, dense decode or routed sparse decode.
 """
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ class StepContext:
     sin: torch.Tensor
     store: BlockStore | None = None
     res: Reservation | None = None    # the chunk's reserved slots
-    attend: Callable | None = None    # attend(store layer, q) -> [T, Hq, D]
+    attend: Callable | None = None    # attend(store layer, q, k, v) -> [T, Hq, D]; k, v the chunk's own [T, H, D]
     store_layer: int = -1             # this attention layer's index in the store
 
 
@@ -189,7 +189,7 @@ class Attention(Mixer):
         dt = ctx.store.config.dtype
         # Decode (T == 1) skips the finiteness read-back: the K/V are this model's own projections.
         ctx.store.write(ctx.res, ctx.store_layer, k.to(dt), v.to(dt), check_finite=T > 1)
-        o = ctx.attend(ctx.store_layer, q)                                        # [T, Hq, D]
+        o = ctx.attend(ctx.store_layer, q, k, v)                                  # [T, Hq, D]
         return self.o_proj(o.reshape(T, -1).to(x.dtype)), state
 
     def batch(self, x, cos, sin):
@@ -373,11 +373,11 @@ class Model(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, store: BlockStore, res: Reservation,
-                attend: Callable[[int, torch.Tensor], torch.Tensor], last_only: bool = True,
+                attend: Callable[..., torch.Tensor], last_only: bool = True,
                 state: dict | None = None) -> torch.Tensor:
         """tokens, positions: [T] int64. Returns logits [T, vocab] (or [1, vocab] if last_only), float32.
 
-        Attention layers write K/V to store layer `store_layer[i]` and call attend(store layer, q);
+        Attention layers write K/V to store layer `store_layer[i]` and call attend(store layer, q, k, v);
         conv and linear layers read and update `state` (from `initial_state`) in place.
         """
         x = self.embed_tokens(tokens)
@@ -397,12 +397,13 @@ class Model(nn.Module):
     @torch.inference_mode()
     def forward_decode_batch(self, tokens: torch.Tensor, positions: torch.Tensor, store: BlockStore,
                              reservations: list[Reservation],
-                             attend: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                             attend: Callable[..., torch.Tensor]) -> torch.Tensor:
         """One decode token for each of B sequences in one pass: tokens, positions [B] int64 (row b is sequence b's
         next token at its own position), `reservations[b]` its slot. Returns logits [B, vocab] float32.
 
         The projections and MLPs run once over the B rows (their weights are read once per step); each attention
-        layer writes row b's K/V through reservations[b] and calls attend(store layer, q [B, Hq, D]) -> [B, Hq, D].
+        layer writes row b's K/V through reservations[b] and calls attend(store layer, q [B, Hq, D], k, v [B, H, D])
+        -> [B, Hq, D].
         All-attention models only (conv and linear mixers keep per-sequence state: decode those one at a time).
         """
         if any(kind != "attn" for kind in self.config.mixers):
@@ -419,7 +420,7 @@ class Model(nn.Module):
             q, k, v = mix.qkv(layer.input_layernorm(x), cos, sin)                    # [B, Hq, D], [B, H, D]
             for b, res in enumerate(reservations):
                 store.write(res, sl, k[b:b + 1].to(dt), v[b:b + 1].to(dt), check_finite=False)
-            o = attend(sl, q)                                                        # [B, Hq, D]
+            o = attend(sl, q, k, v)                                                  # [B, Hq, D]
             x = x + mix.o_proj(o.reshape(B, -1).to(x.dtype))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(self.norm(x)).float()

@@ -6,7 +6,10 @@ adaptive_mass arguments, or passed in directly) and called per decode step:
     select(mass [R, nb] float32, forced [nb] bool, block_size) -> bool [R, nb]
 
 Forced blocks (sinks and the local window) are always selected and count toward a budget.
-Selectors are registered by name (`register_selector`); a new one is one subclass and that call.
+Ties: blocks rank by (forced, mass, block id), so at an exact tie of masses the later block wins, on
+every selector and in the fused CPU route (`kernels/cpu/route.cpp`); no order depends on how a sort or
+top-k implementation happens to break ties. Selectors are registered by name (`register_selector`); a new
+one is one subclass and that call.
 """
 from __future__ import annotations
 
@@ -39,12 +42,19 @@ def register_selector(cls: type[Selector]) -> type[Selector]:
     return registry.add(SELECTORS, cls, Selector, "selector")
 
 
-def _ranked(mass: torch.Tensor, forced: torch.Tensor):
-    """Forced blocks first, then by mass (ties broken by recency for stability): the order, the
-    mass in that order, the forced flags in that order, and the mass ranked ahead of each."""
+def rank_key(mass: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+    """[R, nb] int64 keys, distinct within a row, that order blocks as forced first, then by mass, then by
+    block id (the later block first): the float32 mass's bits (forced: +inf's) above the block id. A
+    non-negative float32 orders as its bit pattern does, so comparing keys is comparing (mass, id) exactly."""
     nb = mass.shape[-1]
-    key = torch.where(forced, torch.inf, mass) + torch.arange(nb) * 1e-12
-    order = key.argsort(dim=-1, descending=True)
+    m = torch.where(forced, torch.inf, mass.float()).contiguous()
+    return (m.view(torch.int32).long() << 32) | torch.arange(nb)
+
+
+def _ranked(mass: torch.Tensor, forced: torch.Tensor):
+    """Forced blocks first, then by mass, then the later block (`rank_key`): the order, the mass in that
+    order, the forced flags in that order, and the mass ranked ahead of each."""
+    order = rank_key(mass, forced).argsort(dim=-1, descending=True)
     sorted_mass = mass.gather(-1, order)
     return order, sorted_mass, forced[order], sorted_mass.cumsum(-1) - sorted_mass
 
@@ -69,7 +79,7 @@ class TopK(Selector):
 
     def select(self, mass, forced, block_size):
         R, nb = mass.shape
-        key = torch.where(forced, torch.inf, mass)          # forced blocks rank first; topk, not a sort
+        key = rank_key(mass, forced)                         # distinct keys: topk has no tie to break
         return torch.zeros(R, nb, dtype=torch.bool).scatter_(
             -1, key.topk(min(self.budget_blocks(block_size), nb), dim=-1).indices, True)
 

@@ -360,11 +360,6 @@ class BlockStore:
         if needed > self.pool.num_free:
             raise StoreFullError(needed, self.pool.num_free, what=f"reserving {num_tokens} tokens")
         bs = self.config.block_size
-        span = (seq.num_tokens + num_tokens - 1) // bs - seq.num_tokens // bs + 1     # blocks a write touches
-        if self.tiers is not None and span > self.config.hot_blocks:
-            raise ValueError(f"num_tokens={num_tokens} spans {span} blocks but hot_blocks={self.config.hot_blocks}: "
-                             f"a write must fit the hot tier; append in chunks of at most "
-                             f"{(self.config.hot_blocks - 1) * bs} tokens")
         if seq.num_tokens % bs and self.pool.ref_counts[seq._blocks[-1]] > 1:
             seq._blocks[-1] = self._copy_on_write(seq._blocks[-1])
         seq._blocks.extend(self.pool.allocate(math.ceil((seq.num_tokens + num_tokens) / bs) - len(seq._blocks)))
@@ -621,21 +616,36 @@ class BlockStore:
         return dst
 
     def _write(self, res: Reservation, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        rows = res.block
-        if self.tiers is not None:                     # write into the touched tiles' hot slots
-            self.tiers.acquire(layer, res.touched, unique=True)     # fits: `reserve` checked the span
-            self.tiers.dirty(layer, res.touched)
-            rows = self.tiers.slot_of[layer][res.block.cpu()].to(rows.device)
+        if self.tiers is None:
+            self._write_rows(layer, res.block, res.offset, k, v)
+            self._refresh_summaries(layer, list(res.touched))
+            return
+        # With a cold tier, in pieces of at most `hot_blocks` touched blocks (a write may be any width): each
+        # piece's tiles are made hot, written and marked dirty; a later piece's `acquire` may demote them,
+        # which writes them through to the cold file, checksummed like any demotion.
+        bs, h = self.config.block_size, self.config.hot_blocks
+        first = res.start // bs                                      # logical index of res.touched[0]
+        for i in range(0, len(res.touched), h):
+            blocks = res.touched[i:i + h]
+            lo = max(res.start, (first + i) * bs) - res.start          # this piece's tokens [lo, hi) of the write
+            hi = min(res.start + res.num_tokens, (first + i + len(blocks)) * bs) - res.start
+            self.tiers.acquire(layer, blocks, unique=True)
+            self.tiers.dirty(layer, blocks)
+            rows = self.tiers.slot_of[layer][res.block[lo:hi].cpu()].to(res.block.device)
+            self._write_rows(layer, rows, res.offset[lo:hi], k[lo:hi], v[lo:hi])
+            self._refresh_summaries(layer, list(blocks))
+
+    def _write_rows(self, layer: int, rows: torch.Tensor, offset: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """K/V of T tokens [T, H, D] into in-memory rows `rows` [T] at offsets `offset` [T] of `layer`."""
         # Advanced indices separated by a slice: the indexed view is [T, H, D].
         if self.quantized:
             for codes, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
                 q, scale = quantize_int8(x)
-                codes[layer][rows, :, res.offset] = q
-                scales[layer][rows, :, res.offset] = scale
+                codes[layer][rows, :, offset] = q
+                scales[layer][rows, :, offset] = scale
         else:
-            self.k[layer][rows, :, res.offset] = k
-            self.v[layer][rows, :, res.offset] = v
-        self._refresh_summaries(layer, list(res.touched))
+            self.k[layer][rows, :, offset] = k
+            self.v[layer][rows, :, offset] = v
 
     def _refresh_summaries(self, layer: int, blocks: list[int]) -> None:
         """Recompute the summaries of `blocks` in `layer` from their valid rows (invariant 8)."""

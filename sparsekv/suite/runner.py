@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -90,9 +91,18 @@ def kernel_name() -> str:
 
 
 def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | None = None,
-                 timeout: int = 1800) -> NotebookRun:
-    """Execute one notebook with papermill; never raises for a notebook failure."""
+                 timeout: int = 1800, env: dict[str, str] | None = None) -> NotebookRun:
+    """Execute one notebook with papermill; never raises for a notebook failure.
+
+    env: variables the notebook's kernel process runs with (for example `cpuconfig.environment("alt")`);
+    set in this process only while papermill starts the kernel and runs it, then restored. OMP_NUM_THREADS,
+    unless given or already set, is the cores idle when the notebook starts (`suite.threads.choose`: a busy
+    neighbour then costs its core, not a stall at every parallel op).
+    """
     import papermill as pm
+    from . import threads
+    env = dict(env or {})
+    env.setdefault("OMP_NUM_THREADS", str(threads.choose()))
     out_dir.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / path.name
@@ -101,12 +111,20 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
     parameters = dict(params or {})
     parameters.update(figures_dir=str(figures_dir.resolve()), metrics_path=str(metrics_path.resolve()))
     t0 = time.perf_counter()
+    saved = {k: os.environ.get(k) for k in (env or {})}
     try:
+        os.environ.update(env or {})
         pm.execute_notebook(str(path), str(executed), parameters=parameters, kernel_name=kernel_name(),
                             cwd=str(path.parent), execution_timeout=timeout, progress_bar=False)
         status, error = "ok", ""
     except Exception as exc:  # papermill raises PapermillExecutionError with the cell's traceback
         status, error = "failed", _short_error(exc)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     seconds = time.perf_counter() - t0
     run = NotebookRun(path.stem, status, seconds, metrics_path, executed, error)
     if status == "ok" and not metrics_path.exists():
@@ -117,9 +135,13 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
 
 
 def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
-            timeout: int | None = None, stream=sys.stdout, root: Path | str = ".") -> list[NotebookRun]:
-    """Run the selected notebooks in `mode` ("run", "smoke" or "baseline"), printing progress."""
-    from . import regression as baselines
+            timeout: int | None = None, stream=sys.stdout, root: Path | str = ".", cpu: str = "native") -> list[NotebookRun]:
+    """Run the selected notebooks in `mode` ("run", "smoke" or "baseline"), printing progress.
+
+    cpu: a configuration of `suite.cpuconfig` the notebooks' kernels are forced into ("native": none).
+    """
+    from . import cpuconfig, regression as baselines
+    env = cpuconfig.environment(cpu)
     if mode not in ("run", "smoke", "baseline"):
         raise ValueError(f"mode must be 'run', 'smoke' or 'baseline', got {mode!r}")
     root = check_root(root)
@@ -137,7 +159,7 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
         params = {} if mode == "run" else smoke_parameters(path.stem, root)
         ref_path = baselines.baseline_path(path.stem, "full" if mode == "run" else "smoke", root)
         reference = json.loads(ref_path.read_text()) if ref_path.exists() else {}
-        run = run_notebook(path, out, figures, params, timeout)
+        run = run_notebook(path, out, figures, params, timeout, env=env)
         run.reference = reference
         if run.status == "ok":
             if mode in ("run", "baseline"):
@@ -198,9 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for executed copies and metrics")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 1800 full, 300 smoke)")
     ap.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: the current folder)")
+    ap.add_argument("--cpu", choices=["native", "alt"], default="native",
+                    help="force the notebooks' kernels into a CPU configuration (suite.cpuconfig; default: none)")
     args = ap.parse_args(argv)
     try:
-        runs = run_all(args.mode, args.names or None, args.out, args.timeout, root=args.root)
+        runs = run_all(args.mode, args.names or None, args.out, args.timeout, root=args.root, cpu=args.cpu)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

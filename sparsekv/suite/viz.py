@@ -50,16 +50,26 @@ def plot_block_tables(store: BlockStore, seqs: dict[str, Sequence], ax_tables=No
 
 
 # Okabe-Ito: a colour-blind-safe palette. Routers keep one colour across every notebook; query-blind
-# routers are dashed, so colour and line style both separate them.
+# routers are dashed, so colour and line style both separate them. Dense is the reference, drawn dark grey
+# (and dashed where it is a line), so it never shares a hue with a router: its old vermillion sat beside
+# mean's orange for deuteranopes.
 COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 ROUTER_COLORS = {"minmax": "#0072B2", "mean": "#E69F00", "repr": "#009E73", "oracle": "#000000",
-                 "recency": "#CC79A7", "random": "#999999", "dense": "#D55E00"}
+                 "recency": "#CC79A7", "random": "#999999", "dense": "#555555"}
 QUERY_BLIND = ("recency", "random")
+OTHER = "#8c8c8c"                   # anything without a colour of its own (never a router's)
+SEQUENTIAL_CMAP = "cividis"         # heatmaps: perceptually uniform and readable with any colour vision
+QUANT_COLOR = "#56B4E9"             # HQQ quantisation (sky blue: no router's colour)
 
 
 def router_color(name: str) -> str:
-    """The colour of a router (or "scorer@budget" method) by its scorer name."""
-    return ROUTER_COLORS.get(name.split("@")[0], COLORS[-1])
+    """The colour of a router (or "scorer@budget" method) by its scorer name; routers added later take
+    `COLORS` in order after the named ones, so two new routers never share a colour."""
+    key = name.split("@")[0].split(" ")[0]
+    if key in ROUTER_COLORS:
+        return ROUTER_COLORS[key]
+    spare = [c for c in COLORS if c not in ROUTER_COLORS.values()]
+    return spare[sum(map(ord, key)) % len(spare)] if spare else OTHER
 
 
 def router_style(name: str) -> str:
@@ -106,14 +116,48 @@ def method_style(family: str) -> dict:
     if family in PRESS_MARKERS:
         return {"color": "#777777", "marker": PRESS_MARKERS[family], "ls": ":" if family != "SnapKV+q1" else "-."}
     if family.startswith("HQQ"):
-        return {"color": "#CC79A7", "marker": "D", "ls": "-"}
+        return {"color": QUANT_COLOR, "marker": "D", "ls": "-"}
     return {"color": ROUTER_COLORS["dense"], "marker": "*", "ls": "none"}
 
 
+def tick_label(v: float) -> str:
+    """A tick's text: 512, 4k, 128k, 1M, 0.05 (never 1e+06 or 3x10^1)."""
+    if v >= 1e6 and v % 1e5 == 0:
+        return f"{v / 1e6:g}M"
+    if v >= 1e4 and v % 100 == 0:
+        return f"{v / 1e3:g}k"
+    return f"{v:g}"
+
+
 def log_axis_plain(ax, axis: str = "x") -> None:
-    """Plain numbers on a log axis (1, 2, 5, 10, ...), without the overlapping minor labels."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    """Plain numbers on a log axis (1, 2, 5, 10, ...; 4k, 1M), without the overlapping minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
     a = ax.xaxis if axis == "x" else ax.yaxis
     a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    a.set_major_formatter(FuncFormatter(lambda v, _: tick_label(v)))
+    a.set_minor_locator(NullLocator())
     a.set_minor_formatter(NullFormatter())
+
+
+def log_ticks(ax, axis: str, ticks, labels=None) -> None:
+    """Ticks exactly at `ticks` (the values measured) on a log axis, labelled by `tick_label` or `labels`,
+    with no minor ticks or labels (which is what garbles a log axis with set_xticks alone)."""
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter, NullLocator
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    ticks = list(ticks)
+    a.set_major_locator(FixedLocator(ticks))
+    a.set_major_formatter(FixedFormatter(list(labels) if labels is not None else [tick_label(t) for t in ticks]))
+    a.set_minor_locator(NullLocator())
+    a.set_minor_formatter(NullFormatter())
+
+
+def legend_outside(ax, **kw):
+    """A legend to the right of the axes, clear of the data."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False,
+                     **{"fontsize": 8, **kw})
+
+
+def legend_below(ax, ncol: int = 3, **kw):
+    """A legend under the axes (below the x label), clear of the data."""
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=ncol, frameon=False,
+                     **{"fontsize": 8, **kw})
