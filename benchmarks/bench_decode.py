@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import sparsekv as sk                                                 # noqa: E402
-from sparsekv.attention.decode import IMPLEMENTATIONS                        # noqa: E402
+import sparsekv as sk  # noqa: E402
+from sparsekv.attention.decode import IMPLEMENTATIONS  # noqa: E402
 
 _batch_triton = IMPLEMENTATIONS["triton"]["batch"]    # the kernel path, unchecked (checks are outside the timing)
-from sparsekv.core.traffic import attention_traffic, dense_traffic        # noqa: E402
+from sparsekv.core.traffic import attention_traffic, dense_traffic  # noqa: E402
 
 
 def copy_bandwidth(do_bench) -> float:
@@ -110,9 +110,7 @@ def run_case(n, batch, args, bw, do_bench, flex_fn):
     row["sparse_speedup_vs_sdpa"] = row["sdpa_ms"] / row["sparse_ms"]
     if "flex_ms" in row:
         row["sparse_attn_speedup_vs_flex"] = row["flex_ms"] / row["sparse_attn_ms"]
-    del store, k4, v4
-    torch.cuda.empty_cache()
-    return row
+    return row                         # its tensors go with this frame; the caller empties the CUDA cache
 
 
 def main(argv=None):
@@ -142,6 +140,7 @@ def main(argv=None):
     for n in args.contexts:
         for b in args.batch:
             r = run_case(n, b, args, bw, do_bench, flex_fn)
+            torch.cuda.empty_cache()                 # the case's store and copies are gone with its frame
             rows.append(r)
             print(f"ctx {n:7d} batch {b}: sparse {r['sparse_ms']:.3f} ms ({100 * r['sparse_frac_copy_bw']:.0f}% of copy bw), "
                   f"dense {r['dense_ms']:.3f} ms ({100 * r['dense_frac_copy_bw']:.0f}%), sdpa {r['sdpa_ms']:.3f} ms, "

@@ -27,14 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import sparsekv as sk                                  # noqa: E402
-from sparsekv.attention import plan as plan_mod        # noqa: E402
-from sparsekv.model import engine as engine_mod        # noqa: E402
+import sparsekv as sk  # noqa: E402
+from sparsekv.attention import plan as plan_mod  # noqa: E402
+from sparsekv.model import engine as engine_mod  # noqa: E402
 
 
 def decode_tpot(engine, base, steps: int, router, backend: str) -> tuple[float, list[int]]:
     real = plan_mod.plan_decode
-    with mock.patch.object(engine_mod, "plan_decode", lambda s, q, h: real(s, q, h, backend=backend)):
+    with mock.patch.object(engine_mod, "plan_decode", lambda s, q, h, **kw: real(s, q, h, backend=backend, **kw)):
         seq = engine.fork(base)
         tokens = engine.decode(seq, steps + 1, router=router)
         secs = [s.seconds for s in engine.stats(seq).steps][1:]          # the first step warms up

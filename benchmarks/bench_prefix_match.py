@@ -18,9 +18,7 @@ import argparse
 import hashlib
 import json
 import pickle
-import statistics
 import sys
-import time
 from datetime import date
 from pathlib import Path
 
@@ -30,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sparsekv.storage.prefix_cache import PrefixCache          # noqa: E402
-from sparsekv.core.profiling import median_time             # noqa: E402
-from sparsekv.storage.store import BlockStore, StoreConfig      # noqa: E402
+from sparsekv.core.profiling import median_time  # noqa: E402
+from sparsekv.storage.prefix_cache import PrefixCache  # noqa: E402
+from sparsekv.storage.store import BlockStore, StoreConfig  # noqa: E402
 
 
 def pickle_sha256_peer(tokens: list[int], block_size: int) -> list[bytes]:

@@ -5,7 +5,7 @@
 
 Issue 17's goal for half-precision summaries: routing bytes at least halved, with selection recall against
 float32 summaries >= 0.99 on the probes and on real keys. Both stores hold the same K/V; routers are the same
-config on both (`analysis.precision`). Real keys: SmolLM2-135M-Instruct (the GGUF file `make model` fetches)
+config on both (`studies.precision`). Real keys: SmolLM2-135M-Instruct (the GGUF file `make model` fetches)
 decodes a few tokens after a prefix of real prose (the Python standard library's docstrings); at every step
 and layer its query is routed over float32 and over bf16 summaries of that layer's keys. Results go to
 benchmarks/results/summary_precision.json and figures/summary_precision.png.
@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import sparsekv as sk                                   # noqa: E402
-from sparsekv.analysis import corpus, precision         # noqa: E402
+import sparsekv as sk  # noqa: E402
+from sparsekv.analysis import corpus
+from sparsekv.studies import precision  # noqa: E402
 
 MODEL = ROOT / "data" / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GOAL = 0.99
@@ -54,6 +55,7 @@ def plot(real_rows, probe_summary, path: Path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     from sparsekv.suite import viz
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
     ax = axes[0]

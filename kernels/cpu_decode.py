@@ -149,14 +149,15 @@ def splits_for(num_heads: int, width: int) -> int:
 
 
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, blocks: torch.Tensor,
-                 num_tokens: int, splits: int | None = None):
-    """(out [Hq, D] float32, lse [Hq] float32); see the module docstring for shapes."""
+                 num_tokens: int, splits: int | None = None, min_token: int = 0):
+    """(out [Hq, D] float32, lse [Hq] float32); see the module docstring for shapes. `min_token`: the first token
+    attended (a sliding window's start): earlier rows of the selected blocks weigh 0."""
     op = load()
     if op is None:
         raise RuntimeError(f"the fused CPU decode kernel is unavailable: {reason()}")
     if splits is None:
         splits = splits_for(k.shape[0], blocks.shape[1])
-    return op(q, k, v, table, blocks, num_tokens, splits)
+    return op(q, k, v, table, blocks, num_tokens, splits, min_token)
 
 
 def minmax_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]      # the repository root the suite 
 # The tests' own threads: the cores idle now (OMP_NUM_THREADS wins if set), so a busy neighbour costs a core rather
 # than a stall at every parallel op (sparsekv.suite.threads). Notebooks get their own choice from the runner.
 from sparsekv.suite import threads as _threads  # noqa: E402
+
 torch.set_num_threads(_threads.choose())
 
 # Triton's interpreter is chosen when functions are decorated: triton.language's own helpers at
@@ -22,6 +23,7 @@ if importlib.util.find_spec("triton") is not None and not torch.cuda.is_availabl
     _prev = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     import triton  # noqa: F401
+
     import sparsekv.kernels.block_score  # noqa: F401
     import sparsekv.kernels.paged_decode  # noqa: F401
     if _prev is None:

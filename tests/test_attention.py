@@ -6,9 +6,9 @@ lengths with a partial last block, and a single-token sequence.
 
 import pytest
 import torch
+from conftest import exact_attention, make_store
 
 import sparsekv as sk
-from conftest import exact_attention, make_store
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}   # max abs error vs float64 on unit-variance V
 GRID = [(g, d, dt, n) for g in (1, 2, 4, 8) for d in (64, 128) for dt in (torch.float32, torch.bfloat16)

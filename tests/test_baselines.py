@@ -3,9 +3,10 @@ import copy
 import json
 
 import pytest
-
 from conftest import REPO
-from sparsekv.suite import regression as baselines, runner as nbrun
+
+from sparsekv.suite import regression as baselines
+from sparsekv.suite import runner as nbrun
 
 STEMS = [p.stem for p in nbrun.discover(root=REPO)]
 

@@ -23,7 +23,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 SHOTS = REPO / "build" / "browser"

@@ -9,12 +9,12 @@ import warnings
 
 import pytest
 import torch
+from conftest import exact_attention as exact
 
 import sparsekv as sk
 from sparsekv.attention import decode
 from sparsekv.attention.plan import plan_decode
 from sparsekv.kernels import cpu_decode
-from conftest import exact_attention as exact
 
 pytestmark = pytest.mark.skipif(not cpu_decode.available(),
                                 reason=f"the CPU kernel did not build here: {cpu_decode.reason()}")
@@ -116,7 +116,7 @@ def test_engine_greedy_tokens_match_the_torch_path(monkeypatch):
     outs = {}
     for backend in ("cpp", "torch"):
         monkeypatch.setattr("sparsekv.model.engine.plan_decode",
-                            lambda store, seq, hq, _b=backend: plan_decode(store, seq, hq, backend=_b))
+                            lambda store, seqs, hq, _b=backend, **kw: plan_decode(store, seqs, hq, backend=_b, **kw))
         for name, router in (("dense", None), ("routed", sk.Router("minmax", token_budget=16))):
             seq = eng.new_sequence(); eng.prefill(seq, prompt)
             outs[backend, name] = eng.decode(seq, 8, router=router)
@@ -444,8 +444,11 @@ def test_the_kernels_give_the_same_bits_for_another_instruction_set(tmp_path):
     """This build (-march=native) against one for another -march (cpuconfig.alt_arch: AVX2 without AVX-512
     where the CPU has AVX-512, so simd.h's portable path runs), in a subprocess (one process holds one build
     of the op library). Built once into the same build folder, where the `alt` notebook runs find it."""
-    import os, subprocess, sys
+    import os
+    import subprocess
+    import sys
     from pathlib import Path
+
     from sparsekv.suite.cpuconfig import alt_arch
     arch = alt_arch()
     env = {**os.environ, "SPARSEKV_CPU_ARCH": arch, "SPARSEKV_EXT_DIR": str(cpu_decode.build_dir())}

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import sparsekv as sk
-from sparsekv.analysis import equalbytes as eb
 from sparsekv.analysis import peers, turns
 from sparsekv.core.traffic import cache_bytes, routed_traffic
 from sparsekv.model import fetch
+from sparsekv.studies import equalbytes as eb
 
 GGUF = fetch.model_path(fetch.SMOLLM2, fetch.__file__.rsplit("/sparsekv/", 1)[0])
 

@@ -3,11 +3,13 @@ answer, each widget recomputing on a control change, and each explorer notebook 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 
 import sparsekv as sk
-from sparsekv.analysis import explore, probes, study
+from sparsekv.analysis import probes, sweeps
+from sparsekv.model import fetch
+from sparsekv.studies import explore
 from sparsekv.suite import explorers
-from conftest import REPO
 
 MODEL = REPO / "data/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -18,7 +20,7 @@ def test_routing_view_selects_what_router_select_selects(scorer, budget, block, 
     view = explore.routing_view(scorer, budget, block, strength=5.0, channels=4, depth=depth, length=4096, seed=3)
     cfg = probes.ProbeConfig(length=4096, num_kv_heads=2, gqa=4, head_dim=64, strength=5.0, channels=4, seed=3)
     probe = probes.needle(cfg, depth, block_size=block)
-    store, seq = study.probe_store(probe, block)
+    store, seq = sweeps.probe_store(probe, block)
     want = sk.Router(scorer, token_budget=budget).select(probe.q, store, seq, 0).blocks
     assert torch.equal(view.blocks, want)
     assert view.selected.sum(1).tolist() == (want >= 0).sum(1).tolist()
@@ -97,6 +99,28 @@ def test_router_reads_session_on_the_real_model(real):
         session.view("  ", routers)
 
 
+GEMMA = fetch.model_path(fetch.GEMMA3_270M, REPO)
+
+
+@pytest.mark.skipif(not GEMMA.exists(), reason=f"{GEMMA} is absent: run `make model`")
+def test_router_reads_session_on_gemma_shades_its_global_layers_only():
+    """Gemma 3 270M (a base model: completion-style prompt) over a document longer than two of its windows: each
+    router's shading comes from the 3 global layers, and a sliding layer is refused by name."""
+    model, tok = sk.load_model(GEMMA), sk.load_tokenizer(GEMMA)
+    doc = explore.facts_document(tok, 1100)
+    engine = sk.Engine(model, block_size=16, num_blocks=256, record_selections=True, progress=False)
+    session = explore.ReadsSession(engine, tok, doc, answer_tokens=3)
+    assert session.doc[0] == tok.bos_token_id
+    routers = {"minmax": sk.Router("minmax", token_budget=128)}
+    v = session.view("What is the door code?", routers)
+    one = session.view("What is the door code?", routers, layer=5)
+    nb = len(v.block_texts)
+    assert v.weights["minmax"].shape == (nb,) and 0 < (v.weights["minmax"] > 0).sum() < nb
+    assert set(np.unique(one.weights["minmax"])) <= {0.0, 1.0}          # one kv head at one global layer
+    with pytest.raises(ValueError, match="sliding-window layer"):
+        session.view("What is the door code?", routers, layer=0)
+
+
 EXPLORER_NOTEBOOKS = sorted((REPO / "notebooks" / "explorers").glob("*.ipynb"))
 
 
@@ -104,6 +128,7 @@ EXPLORER_NOTEBOOKS = sorted((REPO / "notebooks" / "explorers").glob("*.ipynb"))
 @pytest.mark.parametrize("path", EXPLORER_NOTEBOOKS, ids=[p.stem for p in EXPLORER_NOTEBOOKS])
 def test_explorer_notebooks_run_headless_and_save_their_static_render(path, tmp_path):
     import papermill as pm
+
     from sparsekv.suite.runner import kernel_name
     out = tmp_path / "saved"
     pm.execute_notebook(str(path), str(tmp_path / path.name), parameters={"save_dir": str(out)},

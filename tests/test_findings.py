@@ -3,8 +3,8 @@ import json
 import shutil
 
 import pytest
-
 from conftest import REPO
+
 from sparsekv.suite import findings
 
 CITED = sorted({src for f in findings.FINDINGS for src in f.values.values() if not callable(src)})

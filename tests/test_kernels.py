@@ -13,11 +13,10 @@ import torch
 pytest.importorskip("triton")
 # conftest.py imported triton and the kernels with TRITON_INTERPRET=1 (decoration time); the
 # fixture below sets it again while each test runs (triton checks it per call too).
-from sparsekv.kernels import block_score, paged_decode   # noqa: E402
+from conftest import make_store  # noqa: E402
 
-import sparsekv as sk                          # noqa: E402
-from conftest import make_store                # noqa: E402
-
+import sparsekv as sk  # noqa: E402
+from sparsekv.kernels import block_score, paged_decode  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -153,7 +152,7 @@ def test_sparse_attention_triton_backend_and_auto_dispatch(monkeypatch):
     if DEV == "cuda":
         return
     monkeypatch.delenv("TRITON_INTERPRET")
-    from sparsekv.kernels import cpu_decode       # CPU without the interpreter: the fused kernel, else torch
+    from sparsekv.kernels import cpu_decode  # CPU without the interpreter: the fused kernel, else torch
     assert resolve("auto", q) == ("cpp" if cpu_decode.available() else "torch")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         resolve("triton", q)

@@ -1,10 +1,10 @@
 """Peak extra allocation of decode steps, measured with the torch profiler at a modest size."""
 import pytest
 import torch
+from conftest import make_store
 
 import sparsekv as sk
 from sparsekv.core.profiling import peak_allocated_bytes
-from conftest import make_store
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,11 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
-from sparsekv.suite import cpuconfig, regression as baselines, runner as nbrun
+
+from sparsekv.suite import cpuconfig
+from sparsekv.suite import regression as baselines
+from sparsekv.suite import runner as nbrun
 
 NOTEBOOKS = nbrun.discover(root=REPO)
 HOG = "import time\nt = time.time() + {limit}\nwhile time.time() < t:\n    pass\n"

@@ -1,9 +1,8 @@
-"""analysis.precision: routing over bf16 summaries compared with float32 ones on the same keys."""
-import pytest
+"""studies.precision: routing over bf16 summaries compared with float32 ones on the same keys."""
 import torch
 
 import sparsekv as sk
-from sparsekv.analysis import precision
+from sparsekv.studies import precision
 
 
 def _pair(k, v, bs=16, dtypes=("fp32", "bf16")):

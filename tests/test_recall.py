@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import sparsekv as sk
-from sparsekv.recall import evaluation as recall_eval, tasks
+from sparsekv.recall import evaluation as recall_eval
+from sparsekv.recall import tasks
 from sparsekv.recall.train import TrainConfig, load_trained, train
 
 MODELS = Path(sk.__file__).resolve().parents[1] / "data" / "models"

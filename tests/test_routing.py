@@ -3,10 +3,10 @@ import math
 
 import pytest
 import torch
+from conftest import make_store
 
 import sparsekv as sk
 from sparsekv import metrics, probes
-from conftest import make_store
 
 QUERY_AWARE = [n for n, c in sk.ROUTERS.items() if c.query_aware]
 
@@ -87,7 +87,6 @@ def test_mean_is_fooled_by_near_duplicate_distractors_and_minmax_is_not():
 def test_minmax_logit_is_an_upper_bound_on_every_key_in_the_block():
     store, seq, q = random_setup(seed=3)
     sel = sk.Router("minmax", top_p=1.0)
-    c = store.config
     inp = sk.routing.scorers.ScoreInput(q.view(2, 4, 32), store, seq, 0, store.block_table(seq))
     bound = sel.scorer.logits(inp, "torch", None) * math.sqrt(32)          # [H, G, nb]
     K, _ = store.gather(seq, 0)

@@ -6,7 +6,9 @@ import torch
 
 import sparsekv as sk
 from sparsekv.analysis import workloads as W
-from sparsekv.serving import executors as X, scheduler as S, trace
+from sparsekv.serving import executors as X
+from sparsekv.serving import scheduler as S
+from sparsekv.serving import trace
 from sparsekv.serving.policies import SCHEDULING_POLICIES, SchedulingPolicy, make_policy, register_scheduling_policy
 
 POLICIES = sorted(SCHEDULING_POLICIES)
@@ -35,7 +37,7 @@ def alone(model, requests):
 def test_every_request_gets_its_solo_tokens_and_nothing_leaks(model, requests, alone, policy, num_blocks, cache, routed):
     router = sk.Router("minmax", token_budget=32) if routed else None
     engine = sk.Engine(model, block_size=8, num_blocks=num_blocks, progress=False, prefix_cache=cache)
-    res = S.Scheduler(X.EngineExecutor(engine, router), S.SchedulerConfig(policy=policy, max_batch=6, token_budget=48)).run(requests)
+    res = S.Scheduler(X.EngineExecutor(engine, router), S.SchedulerConfig(policy=policy, max_batch=6, batch_tokens=48)).run(requests)
     if routed:      # the reference for routed decode is routed decode alone
         solo = sk.Engine(model, router=router, block_size=8, num_blocks=512, progress=False)
         want = [S.solo_tokens(solo, r) for r in requests]
@@ -66,7 +68,7 @@ def test_policies_shape_their_iterations(model, requests):
     runs = {}
     for policy in ("fcfs_static", "chunked"):
         engine = sk.Engine(model, block_size=8, num_blocks=512, progress=False, prefix_cache=True)
-        runs[policy] = S.Scheduler(X.EngineExecutor(engine), S.SchedulerConfig(policy=policy, max_batch=3, token_budget=40)).run(requests)
+        runs[policy] = S.Scheduler(X.EngineExecutor(engine), S.SchedulerConfig(policy=policy, max_batch=3, batch_tokens=40)).run(requests)
     static = runs["fcfs_static"].iterations
     for prev, it in zip(static, static[1:]):      # a static batch grows only from empty
         assert it.running <= prev.running or prev.running == 0 or it.prefill_tokens == 0 and it.running == prev.running
@@ -198,3 +200,12 @@ def test_a_routed_gpu_projection_charges_the_summaries_a_router_reads_from_the_s
     assert n * gpu.summary_bytes(big, 1 << 20, layout) <= free < (n + 1) * gpu.summary_bytes(big, 1 << 20, layout) * 1.2
     with pytest.raises(ValueError, match="tiered needs a routing budget"):
         gpu.max_batch(big, gpu.H200, 1 << 20, tiered=True)
+
+
+def test_both_executors_satisfy_the_executor_protocol(model):
+    """The scheduler drives one interface: the real engine and the simulator both implement all of it."""
+    from sparsekv.serving.executors import CostModel, Executor
+    engine = sk.Engine(model, block_size=8, num_blocks=64, progress=False)
+    assert isinstance(X.EngineExecutor(engine), Executor)
+    assert isinstance(X.SimExecutor(CostModel(), 8, 64), Executor)
+    assert not isinstance(object(), Executor)

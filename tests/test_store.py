@@ -1,9 +1,9 @@
 """The block store: exact block ids, ref counts, copy-on-write, summaries, atomic rejection."""
 import pytest
 import torch
+from conftest import assert_same, make_store, rand_kv, snapshot
 
 import sparsekv as sk
-from conftest import assert_same, make_store, rand_kv, snapshot
 
 
 def test_append_allocates_in_free_queue_order_and_reads_back(store):

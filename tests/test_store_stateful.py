@@ -1,10 +1,11 @@
 """Thousands of random append/fork/free operations against a shadow model of the store."""
 import torch
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import run_state_machine_as_test, RuleBasedStateMachine, invariant, precondition, rule
+from conftest import make_store
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 import sparsekv as sk
-from conftest import make_store
 
 
 class StoreMachine(RuleBasedStateMachine):

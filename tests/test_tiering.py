@@ -5,12 +5,13 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from hypothesis import settings, strategies as st
+from conftest import exact_attention
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 import sparsekv as sk
 from sparsekv.storage.tiers import COLD, EMPTY, HOT
-from conftest import exact_attention
 
 
 def tiered(tmp_path, hot=3, layers=2, kv_heads=2, head_dim=8, block_size=4, num_blocks=32, **kw):
@@ -434,7 +435,7 @@ def test_routed_decode_with_a_cold_tier_gives_the_same_tokens(tmp_path, prefetch
 def test_engine_passes_the_tier_through_and_rejects_prefetch_without_one(tmp_path):
     model = sk.Model(sk.ModelConfig.from_name("tiny"))
     engine = sk.Engine(model, block_size=8, num_blocks=64, chunk_size=512, cold_dir=str(tmp_path), hot_blocks=5)
-    assert engine.store.config.hot_blocks == 5 and engine.chunk_size == 512     # a chunk of any width is written
+    assert engine.store.config.hot_blocks == 5 and engine.config.chunk_size == 512     # a chunk of any width is written
     with pytest.raises(ValueError, match="prefetch reads ahead from a cold tier"):
         sk.Engine(model, block_size=8, num_blocks=64, prefetch=2)
     engine.close()

@@ -11,6 +11,7 @@
 //       l[g]     = l[g]   * exp(m[g] - m_new[g]) + sum_r exp(s[g, r] - m_new[g])
 //   merge the splits of each head with their (m, l):  out = sum_s acc_s e^(m_s - M) / L,
 //   lse = M + log L, with M = max_s m_s and L = sum_s l_s e^(m_s - M).
+//   A sliding-window layer passes min_token: rows of tokens before it score kNegBig, so they weigh exactly 0.
 //
 // Splits are chosen from the selection's width alone (cpu_decode.splits_for), never from the thread count, and
 // each item is computed by one thread in a fixed order, so the result is the same bits at any thread count;
@@ -161,15 +162,15 @@ inline void pv_all(const float* p, const T* v, int64_t rows, const Dims& d, floa
 
 template <typename T>
 void run(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* blocks, int64_t K, int64_t H,
-         int64_t G, const Dims& d, int64_t NB, int64_t N, int64_t S, float scale, float* m_buf, float* l_buf,
-         float* acc_buf) {
+         int64_t G, const Dims& d, int64_t NB, int64_t N, int64_t min_token, int64_t S, float scale, float* m_buf,
+         float* l_buf, float* acc_buf) {
   // blocks: [H, K] logical ids per head (-1: padding); m/l: [H, S, G]; acc: [H, S, G, D]
   const int64_t bs = d.bs, D = d.D;
   // Prefetch distance in tiles: about 128 KiB of K and V in flight ahead of the tile being computed.
   const int64_t ahead = std::max<int64_t>(1, (128 << 10) / (2 * bs * D * static_cast<int64_t>(sizeof(T))));
   at::parallel_for(0, H * S, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s(G * bs), qs(G * d.Dp, 0.f), acc(G * d.Dp);
-    std::vector<int64_t> offs, nrows;
+    std::vector<int64_t> offs, nrows, skip;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item / S, sp = item % S;
       const int64_t lo = K * sp / S, hi = K * (sp + 1) / S;
@@ -183,11 +184,12 @@ void run(const float* q, const T* k, const T* v, const int64_t* table, const int
           const int64_t src = skv::pair_index<T>(x);
           qs[g * d.Dp + x] = src < D ? scale * q[(h * G + g) * D + src] : 0.f;
         }
-      offs.clear(), nrows.clear();                       // this item's tiles: padding and empty blocks dropped
+      offs.clear(), nrows.clear(), skip.clear();         // this item's tiles: padding and empty blocks dropped
       for (int64_t i = lo; i < hi; ++i) {
         const int64_t j = blocks[h * K + i];
         const int64_t rows = j < 0 ? 0 : std::min(bs, N - j * bs);
-        if (rows > 0) offs.push_back((h * NB + table[j]) * bs * D), nrows.push_back(rows);
+        const int64_t before = j < 0 ? 0 : std::max<int64_t>(0, std::min(rows, min_token - j * bs));
+        if (rows > before) offs.push_back((h * NB + table[j]) * bs * D), nrows.push_back(rows), skip.push_back(before);
       }
       const int64_t T_ = static_cast<int64_t>(offs.size());
       for (int64_t t = 0; t < std::min(ahead, T_); ++t)          // the first tiles, before the loop's own
@@ -199,6 +201,7 @@ void run(const float* q, const T* k, const T* v, const int64_t* table, const int
                    pf ? v + offs[t + ahead] : nullptr, G);
         for (int64_t g = 0; g < G; ++g) {                 // online softmax: rescale, then exponentiate the tile
           float* sg = s.data() + g * bs;
+          for (int64_t r = 0; r < skip[t]; ++r) sg[r] = kNegBig;     // before a sliding window: weight 0
           const float mx = skv::max_of(sg, rows, m[g]);
           const float corr = skv::exp1(m[g] - mx);       // 0 on the first tile (m = kNegBig)
           float* ag = acc.data() + g * d.Dp;
@@ -250,10 +253,11 @@ void merge(const float* m, const float* l, const float* acc, int64_t H, int64_t 
 
 // q [Hq, D] float32; k, v [H, NB, bs, D] (one layer, head-major, contiguous) float32 or bfloat16;
 // table [nb] int64 physical ids in logical order; blocks [H, K] int64 logical ids per head, -1 for
-// padding (dense: every block); num_tokens N; splits S per head.
+// padding (dense: every block); num_tokens N; splits S per head; min_token: the first token attended (a sliding
+// window's start; 0 for global attention).
 // Returns out [Hq, D] float32 and lse [Hq] float32 (a head with nothing to read: out 0, lse -inf).
 std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table,
-                                        at::Tensor blocks, int64_t num_tokens, int64_t splits) {
+                                        at::Tensor blocks, int64_t num_tokens, int64_t splits, int64_t min_token) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [Hq, D] float32");
   TORCH_CHECK(k.dim() == 4 && k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes(),
               "k and v must be contiguous [H, NB, bs, D]");
@@ -273,12 +277,12 @@ std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, a
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   if (k.scalar_type() == at::kFloat) {
     run<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
-               blocks.data_ptr<int64_t>(), K, H, G, d, NB, num_tokens, S, scale, m.data_ptr<float>(),
+               blocks.data_ptr<int64_t>(), K, H, G, d, NB, num_tokens, min_token, S, scale, m.data_ptr<float>(),
                l.data_ptr<float>(), acc.data_ptr<float>());
   } else {
     run<uint16_t>(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(k.data_ptr<c10::BFloat16>()),
                   reinterpret_cast<const uint16_t*>(v.data_ptr<c10::BFloat16>()), table.data_ptr<int64_t>(),
-                  blocks.data_ptr<int64_t>(), K, H, G, d, NB, num_tokens, S, scale, m.data_ptr<float>(),
+                  blocks.data_ptr<int64_t>(), K, H, G, d, NB, num_tokens, min_token, S, scale, m.data_ptr<float>(),
                   l.data_ptr<float>(), acc.data_ptr<float>());
   }
   auto out = at::empty({H * G, D}, f32), lse = at::empty({H * G}, f32);

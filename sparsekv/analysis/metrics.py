@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..attention.decode import all_blocks, sparse_attention
+from ..attention.plan import step_traffic
 from ..routing.mass import block_attention_mass
 from ..storage.store import BlockStore, Sequence
-from ..core.traffic import dense_traffic
 
 
 def selected_mask(blocks: torch.Tensor, num_blocks: int) -> torch.Tensor:
@@ -73,7 +73,7 @@ class RouteEval:
     rel_error: float          # ||sparse - dense|| / ||dense||
     blocks_read: float        # mean selected blocks per kv head
     kv_bytes: int             # K/V bytes the attention read
-    route_bytes: int          # summary + index bytes read to route
+    route_bytes: int          # everything read that is not K/V: summaries and indices (StepTraffic.meta_bytes)
     dense_kv_bytes: int       # K/V bytes dense decode reads
 
     @property
@@ -101,11 +101,12 @@ def evaluate(router, q: torch.Tensor, store: BlockStore, seq: Sequence, layer: i
         dense, _ = sparse_attention(q, store, seq, layer, all_blocks(store, seq))
     recall = attention_mass_recall(mass, sel.blocks)
     k = int(sel.num_selected.max())
-    dense_bytes = dense_traffic(seq.num_tokens, c.num_kv_heads, c.block_size, c.head_dim, c.itemsize, q.shape[0])
+    routed = step_traffic(store, seq, q.shape[0], sel.blocks, sel)           # the decode plan's own count
+    dense_bytes = step_traffic(store, seq, q.shape[0])
     return RouteEval(
         mass_recall=float(recall.mean()), min_mass_recall=float(recall.min()),
         block_recall=block_recall(sel.blocks, oracle_top_k(mass, k, c.num_kv_heads)),
         needle_recall=needle_recall(sel.blocks, needle_blocks) if needle_blocks is not None else float("nan"),
         rel_error=relative_error(out, dense), blocks_read=float(sel.num_selected.float().mean()),
-        kv_bytes=res.kv_bytes, route_bytes=sel.traffic.total, dense_kv_bytes=dense_bytes.kv_bytes,
+        kv_bytes=routed.kv_bytes, route_bytes=routed.meta_bytes, dense_kv_bytes=dense_bytes.kv_bytes,
     )

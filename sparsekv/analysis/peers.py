@@ -17,6 +17,7 @@ kvpress and the quantisation backends are optional imports (`pip install -e ".[p
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +145,28 @@ def residual_tokens(probe: TwoFacts, method: PeerMethod) -> int:
     update finds the residual full, and `run` makes no later update)."""
     head = probe.answers[0][0] if method.sees_question and probe.answers else 0
     return len(probe.after) - 1 - head
+
+
+def hf_generate_timing(hf_model, ids: list[int], new_tokens: int) -> dict:
+    """transformers' own `generate` (its default cache, greedy) on `ids`: TTFT and median TPOT (s).
+
+    Times are read by a logits processor, which generate calls once per step: the first call
+    ends the prefill, the gaps between later calls are decode steps.
+    """
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    stamps = []
+
+    class Clock(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+
+    x = torch.tensor([ids])
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = hf_model.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                logits_processor=LogitsProcessorList([Clock()]))
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"ttft_s": stamps[0] - t0, "tpot_s": statistics.median(gaps) if gaps else float("nan"),
+            "tokens": out[0, len(ids):].tolist()}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from . import corpus
-from .longctx import PASSKEY_FILLER, WORDS
+from .prompts import PASSKEY_FILLER, WORDS
 
 _HAY, _A1, _A2 = "\x00SK-HAY\x00", "\x00SK-A1\x00", "\x00SK-A2\x00"
 

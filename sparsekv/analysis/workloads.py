@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..storage.block_table import BlockTable
 from ..storage.prefix_cache import PrefixCache
-from ..storage.store import BlockStore, StoreConfig
 
 
 @dataclass(frozen=True)
@@ -220,17 +220,14 @@ class SimResult:
 
 
 def model_free_cache(block_size: int = 16, num_blocks: int = 4096, policy: str = "lru") -> PrefixCache:
-    """A prefix cache over a store that reserves slots but holds no K/V (one layer, one head, head dim 1):
-    what the cache would hit, without a model."""
-    store = BlockStore(StoreConfig(num_layers=1, num_kv_heads=1, head_dim=1, block_size=block_size,
-                                   num_blocks=num_blocks, repr_keys=0))
-    return PrefixCache(store, policy=policy)
+    """A prefix cache over a bare `BlockTable` (slots reserved, no K/V): what the cache would hit, without a model."""
+    return PrefixCache(BlockTable(block_size, num_blocks), policy=policy)
 
 
 def cache_prompt(cache: PrefixCache, token_ids: torch.Tensor, namespace=None, generated: torch.Tensor | None = None) -> int:
     """Serve one request model-free: attach its cached prefix, reserve the rest (and `generated`),
     insert prompt + generated tokens, release. Returns the prompt tokens that hit."""
-    store = cache.store
+    store = cache.table
     seq = store.new_sequence()
     hit = cache.attach(seq, token_ids, namespace)
     extra = 0 if generated is None else len(generated)

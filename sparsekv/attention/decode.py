@@ -26,11 +26,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..core.checks import check_choice, check_int, check_tensor
 from ..core.backend import BACKENDS, resolve
-from ..storage.store import BlockStore, Sequence, check_decode_query
+from ..core.checks import check_choice, check_int, check_tensor
 from ..core.traffic import StepTraffic, attention_traffic
-
+from ..storage.store import BlockStore, Sequence, check_decode_query
 
 
 @dataclass(frozen=True)
@@ -60,17 +59,21 @@ def dense_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: in
 
 
 def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
-                     blocks: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, AttentionResult]:
+                     blocks: torch.Tensor, backend: str = "auto", min_token: int = 0) -> tuple[torch.Tensor, AttentionResult]:
     """Decode attention over the selected logical blocks only.
 
     With every block selected it equals `dense_attention` to rounding. Returns the output
-    `[Hq, D]` and an `AttentionResult` with the log-sum-exp and the bytes read.
+    `[Hq, D]` and an `AttentionResult` with the log-sum-exp and the bytes read. `min_token`: the first
+    token attended (a sliding window's start, N - window); rows of the selected blocks before it weigh 0.
     """
     _check_decode_args(q, store, seq, layer)
     _check_blocks(blocks, store, seq)
-    out, lse = _implementation("sparse", backend, q, store)(q, store, seq, layer, blocks)
+    check_int("min_token", min_token, lo=0, hi=seq.num_tokens - 1)
+    if min_token and int(blocks[blocks >= 0].min()) < seq.released:
+        raise ValueError(f"blocks must not select blocks a sliding window released (before {seq.released})")
+    out, lse = _implementation("sparse", backend, q, store)(q, store, seq, layer, blocks, min_token)
     c = store.config
-    traffic = attention_traffic(blocks, seq.num_tokens, c.block_size, c.head_dim, c.itemsize, q.shape[0])
+    traffic = attention_traffic(blocks, seq.num_tokens, c.block_size, c.head_dim, c.itemsize, q.shape[0], c.kv_row_bytes)
     return out, AttentionResult(lse, int((blocks >= 0).sum()), traffic)
 
 
@@ -101,7 +104,7 @@ def all_blocks(store: BlockStore, seq: Sequence) -> torch.Tensor:
     return torch.arange(seq.num_blocks, device=store.config.device).expand(H, -1).contiguous()
 
 
-def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: int,
+def prefill_attention(q: torch.Tensor, store, seq: Sequence, layer: int,
                       backend: str = "auto", fresh: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of the last T tokens of `seq` over the cached prefix plus themselves.
 
@@ -118,35 +121,52 @@ def prefill_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: 
     dtype) it keeps a prompt's rounding from feeding back through the layers of its own prefill,
     which otherwise turns rounding-level differences between CPUs into different codes (measured:
     11% of layer-17 codes after a 368-token prefill, from a handful of ties at layer 2).
+
+    A sliding-window layer (`store.view(seq, layer).window` w > 0: a hybrid model's) reads only the keys its
+    queries can see, [N - T - w + 1, N), and masks each query's to 0 <= i - j < w: O(T * (T + w)) per chunk.
     """
-    return _implementation("prefill", backend, q, store)(q, store, seq, layer, fresh)
+    v = store.view(seq, layer)
+    return _implementation("prefill", backend, q, v.store)(q, v.store, v.seq, v.layer, fresh, v.window)
 
 
-def _prefill_kv(q, store, seq, layer, fresh):
-    """K, V [N, H, D] the chunk attends to: the store's, the last T rows replaced by `fresh` if given."""
-    k, v = store.gather(seq, layer)                                       # [N, H, D]
+def _prefill_kv(q, store, seq, layer, fresh, start: int = 0):
+    """K, V [N - start, H, D] the chunk attends to: the store's from token `start`, the last T rows replaced by
+    `fresh` if given."""
+    k, v = store.gather(seq, layer, start)                                # [N - start, H, D]
     if fresh is None:
         return k, v
     fk, fv = fresh
-    T, N = q.shape[0], seq.num_tokens
+    T = q.shape[0]
     check_tensor("fresh[0]", fk, (T, store.config.num_kv_heads, store.config.head_dim), device=store.config.device)
     check_tensor("fresh[1]", fv, (T, store.config.num_kv_heads, store.config.head_dim), device=store.config.device)
     cd = torch.promote_types(k.dtype, fk.dtype)
-    return torch.cat([k[:N - T].to(cd), fk.to(cd)]), torch.cat([v[:N - T].to(cd), fv.to(cd)])
+    return torch.cat([k[:len(k) - T].to(cd), fk.to(cd)]), torch.cat([v[:len(v) - T].to(cd), fv.to(cd)])
 
 
-def _prefill_sdpa(q, store, seq, layer, fresh=None):
+def _prefill_window(q, seq, window: int) -> tuple[int, torch.Tensor | None]:
+    """The first key a chunk of T queries can see and the mask [T, N - start] (None: plain causal over all N)."""
+    T, N = q.shape[0], seq.num_tokens
+    start = max(0, N - T - window + 1) if window else 0
+    if not window and T == N:
+        return 0, None
+    i = torch.arange(N - T, N, device=q.device)[:, None]
+    j = torch.arange(start, N, device=q.device)[None, :]
+    mask = j <= i
+    if window:
+        mask &= (i - j) < window
+    return start, mask
+
+
+def _prefill_sdpa(q, store, seq, layer, fresh=None, window: int = 0):
     _check_prefill_args(q, store, seq, layer)
-    T, Hq, D = q.shape
-    N = seq.num_tokens
-    k, v = _prefill_kv(q, store, seq, layer, fresh)                       # [N, H, D]
+    start, mask = _prefill_window(q, seq, window)
+    k, v = _prefill_kv(q, store, seq, layer, fresh, start)               # [N - start, H, D]
     cd = torch.float32 if q.dtype == torch.float32 else q.dtype
     qh = q.to(cd).permute(1, 0, 2)[None]                                  # [1, Hq, T, D]
     kh, vh = k.to(cd).permute(1, 0, 2)[None], v.to(cd).permute(1, 0, 2)[None]
-    if T == N:
+    if mask is None:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
     else:
-        mask = torch.arange(N, device=q.device)[None, :] <= torch.arange(N - T, N, device=q.device)[:, None]
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
     return out[0].permute(1, 0, 2).to(q.dtype)
 
@@ -163,18 +183,20 @@ def _check_prefill_args(q, store, seq, layer):
         raise ValueError(f"q must hold between 1 and seq.num_tokens={seq.num_tokens} queries, got {T}")
 
 
-def _prefill_reference(q, store, seq, layer, fresh=None):
-    """The definition: full causal score matrix over the prefix plus the new tokens."""
+def _prefill_reference(q, store, seq, layer, fresh=None, window: int = 0):
+    """The definition: the full score matrix over the keys the chunk can see, causal (and within the window)."""
     c = store.config
     _check_prefill_args(q, store, seq, layer)
     T, Hq, D = q.shape
     G, N = Hq // c.num_kv_heads, seq.num_tokens
-    k, v = _prefill_kv(q, store, seq, layer, fresh)                       # [N, H, D]
+    start = max(0, N - T - window + 1) if window else 0
+    k, v = _prefill_kv(q, store, seq, layer, fresh, start)               # [N - start, H, D]
     cd = _compute_dtype(q)
     qh = q.to(cd).view(T, c.num_kv_heads, G, D).permute(1, 2, 0, 3)       # [H, G, T, D]
-    s = qh @ k.to(cd).permute(1, 2, 0)[:, None] / math.sqrt(D)           # [H, G, T, N]
+    s = qh @ k.to(cd).permute(1, 2, 0)[:, None] / math.sqrt(D)           # [H, G, T, N - start]
     qpos = torch.arange(N - T, N, device=c.device)[:, None]
-    s = s.masked_fill(torch.arange(N, device=c.device)[None, :] > qpos, -torch.inf)
+    kpos = torch.arange(start, N, device=c.device)[None, :]
+    s = s.masked_fill((kpos > qpos) | ((qpos - kpos >= window) if window else False), -torch.inf)
     out = s.softmax(-1) @ v.to(cd).permute(1, 0, 2)[:, None]             # [H, G, T, D]
     return out.permute(2, 0, 1, 3).reshape(T, Hq, D).to(q.dtype)
 
@@ -206,8 +228,8 @@ def _compute_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _sparse_reference(q, store, seq, layer, blocks):
-    """One kv head at a time: gather the selected rows, softmax, weighted sum."""
+def _sparse_reference(q, store, seq, layer, blocks, min_token: int = 0):
+    """One kv head at a time: gather the selected rows (from `min_token` on), softmax, weighted sum."""
     c = store.config
     H, D = c.num_kv_heads, c.head_dim
     G, cd = q.shape[0] // H, _compute_dtype(q)
@@ -219,9 +241,10 @@ def _sparse_reference(q, store, seq, layer, blocks):
             if j < 0:
                 continue
             n = min(c.block_size, seq.num_tokens - j * c.block_size)   # valid rows of block j
+            r0 = max(0, min(n, min_token - j * c.block_size))          # rows before the window
             idx = torch.tensor([table[j]], device=q.device)
-            ks.append(store.tiles("k", layer, idx)[0, h, :n])
-            vs.append(store.tiles("v", layer, idx)[0, h, :n])
+            ks.append(store.tiles("k", layer, idx)[0, h, r0:n])
+            vs.append(store.tiles("v", layer, idx)[0, h, r0:n])
         k, v = torch.cat(ks).to(cd), torch.cat(vs).to(cd)                 # [n_sel, D]
         s = q[h * G:(h + 1) * G].to(cd) @ k.T / math.sqrt(D)              # [G, n_sel]
         lses.append(torch.logsumexp(s, -1))
@@ -229,13 +252,13 @@ def _sparse_reference(q, store, seq, layer, blocks):
     return torch.cat(outs).to(q.dtype), torch.cat(lses).float()
 
 
-def _sparse_torch(q, store, seq, layer, blocks):
+def _sparse_torch(q, store, seq, layer, blocks, min_token: int = 0):
     """One sequence through the batched fast path (one indexed read, GQA groups share each tile)."""
-    out, lse = _sparse_torch_batch(q[None], store, [seq], layer, [blocks])
+    out, lse = _sparse_torch_batch(q[None], store, [seq], layer, [blocks], min_token)
     return out[0], lse[0]
 
 
-def _sparse_torch_batch(q, store, seqs, layer, blocks):
+def _sparse_torch_batch(q, store, seqs, layer, blocks, min_token: int = 0):
     """All sequences' selected tiles in one index_select, one bmm over B * H groups."""
     c = store.config
     B, H, D, bs = len(seqs), c.num_kv_heads, c.head_dim, c.block_size
@@ -259,7 +282,7 @@ def _sparse_torch_batch(q, store, seqs, layer, blocks):
         kt, vt = kt.to(cd) * ks[..., None], vt.to(cd) * vs[..., None]
     kt, vt = kt.view(B * H, K * bs, D), vt.view(B * H, K * bs, D)
     pos = sel.clamp(min=0)[..., None] * bs + torch.arange(bs, device=q.device)      # [B, H, K, bs]
-    ok = ((pos < ntok[:, None, None, None]) & (sel[..., None] >= 0)).view(B * H, 1, K * bs)
+    ok = ((pos < ntok[:, None, None, None]) & (pos >= min_token) & (sel[..., None] >= 0)).view(B * H, 1, K * bs)
     qg = q.reshape(B * H, G, D).to(cd)
     s = torch.bmm(qg, kt.to(cd).transpose(1, 2)).mul_(1.0 / math.sqrt(D)).masked_fill_(~ok, -torch.inf)
     lse = torch.logsumexp(s, -1, keepdim=True)
@@ -325,7 +348,9 @@ def _dense_torch(q, store, seq, layer):
     return out.view(H * G, D).to(q.dtype), lse.view(H * G).float()
 
 
-def _sparse_triton(q, store, seq, layer, blocks):
+def _sparse_triton(q, store, seq, layer, blocks, min_token: int = 0):
+    if min_token:
+        raise ValueError("backend 'triton' has no sliding-window decode yet (min_token > 0): use 'torch' or 'cpp'")
     out, lse = _batch_triton(q[None], store, [seq], layer, [blocks])
     return out[0], lse[0]
 
@@ -361,10 +386,10 @@ def _batch_torch(q, store, seqs, layer, blocks):
     return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
-def _prefill_torch(q, store, seq, layer, fresh=None):
+def _prefill_torch(q, store, seq, layer, fresh=None, window: int = 0):
     if q.dtype == torch.float64:
-        return _prefill_reference(q, store, seq, layer, fresh)
-    return _prefill_sdpa(q, store, seq, layer, fresh)
+        return _prefill_reference(q, store, seq, layer, fresh, window)
+    return _prefill_sdpa(q, store, seq, layer, fresh, window)
 
 
 def _over_all_blocks(sparse_fn):
@@ -378,15 +403,15 @@ def cpp_applies(q: torch.Tensor, store: BlockStore) -> bool:
             and store.k.dtype in (torch.float32, torch.bfloat16))
 
 
-def _sparse_cpp(q, store, seq, layer, blocks):
+def _sparse_cpp(q, store, seq, layer, blocks, min_token: int = 0):
     """The fused kernel over `blocks` (padding -1 skipped); the torch path where it does not apply."""
     if not cpp_applies(q, store):
-        return _sparse_torch(q, store, seq, layer, blocks)
+        return _sparse_torch(q, store, seq, layer, blocks, min_token)
     from ..kernels.cpu_decode import paged_decode
     kv = store.layer_kv(layer, [seq], [blocks])
     k, v = kv.k.transpose(0, 1), kv.v.transpose(0, 1)                              # [H, R, bs, D], contiguous
-    table = kv.tables[0] if store.tiers is None else kv.tables[0].clamp(min=0)   # unread tiles (-1) are never read
-    out, lse = paged_decode(q.float().contiguous(), k, v, table, blocks.contiguous(), seq.num_tokens)
+    table = kv.tables[0].clamp(min=0) if kv.partial or seq.released else kv.tables[0]   # -1 rows are never read
+    out, lse = paged_decode(q.float().contiguous(), k, v, table, blocks.contiguous(), seq.num_tokens, min_token=min_token)
     return out.to(q.dtype), lse
 
 

@@ -32,8 +32,9 @@ def kernels_interpreted() -> bool:
     """Whether `sparsekv.kernels` runs under the Triton interpreter (decided when first imported)."""
     if not triton_installed():
         return False
-    from ..kernels import paged_decode
     from triton.runtime.interpreter import InterpretedFunction
+
+    from ..kernels import paged_decode
     fn = paged_decode._decode_split_kernel
     while not isinstance(fn, InterpretedFunction) and hasattr(fn, "fn"):   # unwrap the autotuner
         fn = fn.fn

@@ -61,22 +61,26 @@ def valid_tokens_selected(blocks: torch.Tensor, num_tokens: int, block_size: int
 
 
 def attention_traffic(blocks: torch.Tensor, num_tokens: int, block_size: int, head_dim: int,
-                      itemsize: int, num_q_heads: int) -> StepTraffic:
-    """Bytes that attention over the selection `blocks` reads (no scoring). One host read."""
+                      itemsize: int, num_q_heads: int, row_bytes: int | None = None) -> StepTraffic:
+    """Bytes that attention over the selection `blocks` reads (no scoring). One host read.
+
+    row_bytes: one token's K (or V) in one kv head as stored (`StoreConfig.kv_row_bytes`: int8 codes plus their
+    scale); None is head_dim * itemsize. q and o are counted at `itemsize`.
+    """
     rows, picked = _selection_counts(blocks, num_tokens, block_size)
     return StepTraffic(
-        kv_bytes=2 * rows * head_dim * itemsize,
+        kv_bytes=2 * rows * (head_dim * itemsize if row_bytes is None else row_bytes),
         index_bytes=2 * picked * INDEX_BYTES,      # a selection index and a table entry each
         qo_bytes=2 * num_q_heads * head_dim * itemsize,
     )
 
 
 def dense_traffic(num_tokens: int, num_kv_heads: int, block_size: int, head_dim: int,
-                  itemsize: int, num_q_heads: int) -> StepTraffic:
-    """Bytes dense decode reads: every K/V row, plus one table entry per block."""
+                  itemsize: int, num_q_heads: int, row_bytes: int | None = None) -> StepTraffic:
+    """Bytes dense decode reads: every K/V row (at `row_bytes` each when given), plus one table entry per block."""
     nb = -(-num_tokens // block_size)
     return StepTraffic(
-        kv_bytes=2 * num_tokens * num_kv_heads * head_dim * itemsize,
+        kv_bytes=2 * num_tokens * num_kv_heads * (head_dim * itemsize if row_bytes is None else row_bytes),
         index_bytes=nb * INDEX_BYTES,
         qo_bytes=2 * num_q_heads * head_dim * itemsize,
     )
@@ -186,6 +190,49 @@ def cache_bytes(family: str, *, layers: int, kv_heads: int, head_dim: int, token
     k = min(nb, max(2, budget // block_size))
     rows = (k - 1) * block_size + tokens - (nb - 1) * block_size      # the last (local) block is partial
     return CacheBytes(held, lh * (2 * rows * row + nb * summaries_read * D * si))
+
+
+def window_cache_bytes(window: int, *, layers: int, kv_heads: int, head_dim: int, tokens: int, itemsize: int = 4,
+                       block_size: int = 16, kv_bits: int = 0, scale_itemsize: int = 4,
+                       keep_all: bool = False) -> CacheBytes:
+    """Sliding-window layers (a query at i sees keys j with 0 <= i - j < `window`) in sparsekv's store, at `tokens`.
+
+    held: the blocks the next query can still reach, nb - (tokens - window + 1) // block_size of them (at most
+    ceil(window / block_size) + 1; `storage.hybrid`), or all nb with `keep_all` (a cache that keeps every layer's
+    K/V, as one without a hybrid allocator does). read: the rows of the blocks the window touches, from block
+    (tokens - window) // block_size on (the first block's rows before the window are read and weigh 0, as the
+    decode kernels do), at most window + block_size - 1 rows; no summaries (sliding layers are not routed). Rows
+    as in `cache_bytes("lossless")`."""
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    full = cache_bytes("lossless", layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens,
+                       itemsize=itemsize, block_size=block_size, kv_bits=kv_bits, scale_itemsize=scale_itemsize)
+    nb = -(-tokens // block_size)
+    kept = nb if keep_all else nb - max(0, tokens - window + 1) // block_size
+    row_bytes = full.read // (layers * kv_heads * 2 * tokens)          # one K or V row, codes and scale
+    rows = tokens - max(0, tokens - window) // block_size * block_size
+    return CacheBytes(full.held // nb * kept, layers * kv_heads * 2 * rows * row_bytes)
+
+
+def hybrid_cache_bytes(windows, *, kv_heads: int, head_dim: int, tokens: int, budget: int | None = None,
+                       keep_all: bool = False, **lossless) -> CacheBytes:
+    """A model whose attention layers have these `windows` (0: global), in sparsekv's store: the global layers as
+    `cache_bytes("lossless", budget=...)` (only they are routed; their summaries held and read), each sliding
+    group as `window_cache_bytes` (dense over its window). `lossless`: cache_bytes' layout keywords (itemsize,
+    block_size, kv_bits, summaries_held, summaries_read, summary_itemsize, scale_itemsize)."""
+    windows = tuple(int(w) for w in windows)
+    n_global = sum(1 for w in windows if w == 0)
+    held = read = 0
+    if n_global:
+        g = cache_bytes("lossless", layers=n_global, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens,
+                        budget=budget, **lossless)
+        held, read = g.held, g.read
+    plain = {k: v for k, v in lossless.items() if k in ("itemsize", "block_size", "kv_bits", "scale_itemsize")}
+    for w in sorted(set(windows) - {0}):
+        s = window_cache_bytes(w, layers=windows.count(w), kv_heads=kv_heads, head_dim=head_dim, tokens=tokens,
+                               keep_all=keep_all, **plain)
+        held, read = held + s.held, read + s.read
+    return CacheBytes(held, read)
 
 
 def roofline_bound(intensity: float, ridge: float, tol: float = 0.05) -> str:

@@ -1,13 +1,16 @@
 """Load a local checkpoint into `Model`: a Hugging Face folder (config.json + *.safetensors) or a GGUF file.
 
-Llama, Qwen2 and Mistral families. Nothing is downloaded: the folder or file must exist locally.
+Llama, Qwen2 and Mistral families, and Gemma 3 (text). Nothing is downloaded: the folder or file must exist locally.
 A `.gguf` file is read once through transformers (which dequantises it to float32, about 20 s
 for SmolLM2-135M) and converted into a safetensors folder beside it, `converted-<sha256[:16]>/`,
 with the tokenizer and its chat template; later loads read that folder (about 1 s). The key is
 the file's hash, so a changed file is converted again, and nothing is written outside the file's
 own folder.
 Mistral's sliding window is not applied (full attention), which matches it only for
-contexts inside the window; `load_model` warns when a config sets one.
+contexts inside the window; `load_model` warns when a config sets one. Gemma 3's is (`ModelConfig.windows`).
+
+Gemma 3's tokenizer is not transformers' (its GGUF tokenizer for Gemma 3 is wrong: see `model.tokenizer`): for a
+Gemma 3 file `load_tokenizer` builds a SentencePiece one from the file's own vocabulary.
 """
 from __future__ import annotations
 
@@ -22,7 +25,30 @@ import torch
 
 from .model import Model, ModelConfig
 
-FAMILIES = ("llama", "qwen2", "mistral")
+FAMILIES = ("llama", "qwen2", "mistral", "gemma3_text")
+
+
+def _gemma3(hf) -> ModelConfig:
+    """Gemma 3 (text): per-layer sliding or full attention, each with its own rotary base; sandwich norms with
+    (1 + w) RMSNorm and q/k norms; GeGLU; embeddings scaled by sqrt(dim); q.k scaled by query_pre_attn_scalar^-0.5.
+    Read from transformers' config (which the GGUF's metadata and Gemma3TextConfig's defaults fill)."""
+    rope = getattr(hf, "rope_parameters", None) or {}
+    glob, loc = rope.get("full_attention", {}), rope.get("sliding_attention", {})
+    for part in (glob, loc):
+        if part.get("rope_type", "default") != "default":
+            raise ValueError(f"Gemma 3 rope_type {part.get('rope_type')!r} is not supported (default only)")
+    if getattr(hf, "final_logit_softcapping", None) or getattr(hf, "attn_logit_softcapping", None):
+        raise ValueError("Gemma 3 with logit softcapping is not supported (the 270M model has none)")
+    windows = tuple(hf.sliding_window if t == "sliding_attention" else 0 for t in hf.layer_types)
+    return ModelConfig(
+        vocab_size=hf.vocab_size, dim=hf.hidden_size, n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads,
+        n_kv_heads=hf.num_key_value_heads, head_dim=hf.head_dim, intermediate_size=hf.intermediate_size,
+        norm_eps=hf.rms_norm_eps, rope_theta=float(glob.get("rope_theta", 1e6)),
+        rope_theta_local=float(loc.get("rope_theta", 1e4)), windows=windows, block="sandwich", norm_offset=1.0,
+        qk_norm=True, hidden_act={"gelu_pytorch_tanh": "gelu_tanh"}.get(hf.hidden_activation, hf.hidden_activation),
+        embed_scale=float(hf.hidden_size) ** 0.5, attn_scale=float(hf.query_pre_attn_scalar) ** -0.5,
+        attention_bias=bool(getattr(hf, "attention_bias", False)), tie_embeddings=bool(hf.tie_word_embeddings),
+        max_seq_len=hf.max_position_embeddings, name=f"gemma3:{Path(str(hf.name_or_path)).name}")
 
 
 def config_from_hf(hf) -> ModelConfig:
@@ -30,6 +56,8 @@ def config_from_hf(hf) -> ModelConfig:
     kind = getattr(hf, "model_type", "")
     if kind not in FAMILIES:
         raise ValueError(f"model_type must be one of {FAMILIES}, got {kind!r}")
+    if kind == "gemma3_text":
+        return _gemma3(hf)
     rope = getattr(hf, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
     scaling = getattr(hf, "rope_scaling", None) or (rope if rope.get("rope_type", "default") != "default" else None)
@@ -76,8 +104,14 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Model:
 
 
 def load_tokenizer(path: str | Path):
-    """The transformers tokenizer (with its chat template) of a checkpoint folder or a `.gguf` file."""
+    """The tokenizer of a checkpoint folder or a `.gguf` file: transformers' (with its chat template), or for a Gemma 3
+    GGUF file a SentencePiece tokenizer built from the file's vocabulary (cached beside it; `model.tokenizer`)."""
     from transformers import AutoTokenizer
+    gguf = Path(path)
+    if gguf.suffix == ".gguf" and gguf.is_file():
+        from .tokenizer import GGUFTokenizer, gguf_architecture
+        if gguf_architecture(gguf) == "gemma3":
+            return GGUFTokenizer.from_gguf(gguf, cache=converted_folder(gguf) / "sentencepiece")
     folder = _checkpoint_folder(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"path must be a local checkpoint folder or .gguf file, got {path}")
@@ -108,7 +142,11 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     """Dequantise `gguf` through transformers and write config, weights and tokenizer into `folder` atomically."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+    from .tokenizer import gguf_architecture
+    # Gemma 3's tokenizer comes from the file itself (load_tokenizer); transformers' is wrong and is not kept
+    tok = None if gguf_architecture(gguf) == "gemma3" else AutoTokenizer.from_pretrained(str(gguf.parent),
+                                                                                       gguf_file=gguf.name)
     hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     config = hf.config.to_dict()
     config.pop("quantization_config", None)          # the weights below are plain float32
@@ -119,7 +157,8 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
         tmp = Path(tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": gguf.name})
-        tok.save_pretrained(str(tmp))
+        if tok is not None:
+            tok.save_pretrained(str(tmp))
         staged = tmp / "out"
         staged.mkdir()
         for f in list(tmp.iterdir()):

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import torch
 
-from ..attention.decode import batch_attention, prefill_attention
+from ..attention.decode import prefill_attention
 from ..attention.plan import plan_decode
 from ..core.checks import check_int
-from .model import Model
+from ..core.traffic import StepTraffic
 from ..routing.router import Router
-from ..storage.block_pool import StoreFullError
-from ..storage.store import BlockStore, Sequence, StoreConfig
+from ..routing.selectors import ranked_blocks
+from ..storage.hybrid import make_store
+from ..storage.store import Sequence, StoreConfig
+from .model import Model
 
 _ENGINE_DEFAULT = object()
 
@@ -41,14 +43,15 @@ def greedy(logits: torch.Tensor) -> int:
 
 @dataclass
 class StepStats:
-    """One decode step, summed over layers."""
+    """One decode step, summed over layers (from the step's `attention.plan`)."""
 
     seconds: float
     blocks_read: int       # (kv head, block) tiles read by attention
-    kv_bytes: int          # K/V bytes read by attention
-    route_bytes: int       # summary and index bytes read to route
+    kv_bytes: int          # K/V bytes read by attention, at the stored width (int8 codes and scales)
+    route_bytes: int       # everything else read: summaries and indices (StepTraffic.meta_bytes; dense: the table)
     selections: dict | None = None   # layer -> [H, K] blocks read (Engine(record_selections=True))
     masses: dict | None = None       # layer -> [H, nb] the router's block distribution (record_selections)
+    traffic: StepTraffic | None = None   # the step's bytes by kind, q and o included
 
 
 @dataclass
@@ -82,39 +85,71 @@ class _State:
     mixer_state: dict = field(default_factory=dict)    # conv / linear-attention state (model.initial_state)
 
 
+_STORE_FIELDS = {f.name for f in fields(StoreConfig)} - {"num_layers", "num_kv_heads", "head_dim"}
+_STORE_ALIASES = {"kv_dtype": "dtype"}          # the Engine's old keyword for the store's dtype
+
+
 @dataclass
 class EngineConfig:
-    """How an `Engine` lays out its store and runs its two phases."""
+    """How an `Engine` lays out its store and runs its two phases.
 
-    block_size: int = 16                       # tokens per physical block
-    num_blocks: int = 4096                     # blocks in the pool (the KV memory budget)
+    `store` is the store's layout without the model's geometry (which the Engine fills from its model: layers,
+    kv heads, head dim, and the dtype where `store.dtype` is None). `Engine(model, **kw)` takes the fields of
+    both as keywords (`block_size=16, kv_bits=8, cold_dir=...`), and `kv_dtype` for the store's dtype.
+    """
+
+    store: StoreConfig = field(default_factory=lambda: StoreConfig(block_size=16, num_blocks=4096, dtype=None))
     chunk_size: int = 512                      # prefill chunk, tokens
     dense_layers: int = 0                      # leading attention layers decoded densely (Quest keeps 2)
-    kv_dtype: torch.dtype | None = None        # K/V storage dtype; None: the model's dtype
-    kv_bits: int = 0                           # 8: K/V held as int8 with per-token scales (StoreConfig.kv_bits)
     prefix_cache: bool = False                 # share full prompt blocks across sequences
     cache_policy: str = "lru"                  # eviction policy name (storage.eviction)
     cache_high_watermark: float | None = None  # with prefix_cache: evict down to the low watermark in
     cache_low_watermark: float | None = None   #   finish() once pool use passes the high one
     progress: bool = True                      # a progress bar on long prefills
     record_selections: bool = False            # keep each step's selected blocks (for rasters)
-    cold_dir: str | None = None                # a cold tier for K/V tiles in this directory (StoreConfig.cold_dir)
-    hot_blocks: int | None = None              # with cold_dir: K/V tiles per layer kept in memory
-    placement: str = "lru"                     # with cold_dir: which hot tiles are demoted first
-    prefetch: int = 0                          # with cold_dir and a router: after each routed layer, read ahead
+    prefetch: int = 0                          # with a cold tier and a router: after each routed layer, read ahead
                                                #   the `prefetch` blocks per kv head ranked next after the
                                                #   selection (by this step's mass): a guess at the next step's
 
     def __post_init__(self):
+        if not isinstance(self.store, StoreConfig):
+            raise TypeError(f"store must be a StoreConfig, got {type(self.store).__name__}")
+        check_int("chunk_size", self.chunk_size, lo=1)
+        check_int("dense_layers", self.dense_layers, lo=0)
         check_int("prefetch", self.prefetch, lo=0)
-        if self.prefetch and self.cold_dir is None:
+        if self.prefetch and not self.store.tiered:
             raise ValueError("prefetch reads ahead from a cold tier: set cold_dir (and hot_blocks) too")
+
+    @classmethod
+    def of(cls, **kwargs) -> "EngineConfig":
+        """An EngineConfig from keywords of either config (`EngineConfig.of(block_size=16, chunk_size=256)`)."""
+        store = {_STORE_ALIASES.get(k, k): kwargs.pop(k) for k in list(kwargs) if _STORE_ALIASES.get(k, k) in _STORE_FIELDS}
+        own = {f.name for f in fields(cls)} - {"store"}
+        unknown = sorted(set(kwargs) - own)
+        if unknown:
+            raise TypeError(f"Engine got an unknown argument: {unknown} (EngineConfig: {sorted(own)}; "
+                            f"StoreConfig: {sorted(_STORE_FIELDS)})")
+        base = replace(cls().store, **store)
+        return cls(store=base, **kwargs)
 
 
 class Engine:
     """Owns a `BlockStore` sized for `model`; see the module docstring.
 
-    Engine(model, router, config=EngineConfig(...)) or, equivalently, the config's fields as keywords.
+    Engine(model, router, config=EngineConfig(...)) or, equivalently, the fields of EngineConfig and
+    StoreConfig as keywords. Every setting is read from `self.config`; nothing is copied into an attribute.
+
+    The calls that append tokens, and how each counts time (`stats(seq)`):
+        prefill(seq, ids)      a prompt or a later turn, in chunks; on an empty sequence with a prefix cache the
+                               cached prefix is reused. Starts a turn: `ttft_s` is this call's time.
+        attach_prefix(seq, ids) + extend(seq, chunk)...   the same turn as a scheduler runs it, a chunk at a time:
+                               attach starts the turn (ttft_s = 0), each extend adds its time.
+        decode(seq, n)         n sampled tokens, one decode step each (`stats(seq).steps`).
+        feed(seq, ids)         given tokens, one decode step each (teacher forcing): steps, as decode.
+        decode_batch(seqs)     one sampled token for each of several sequences in one step: one entry in each
+                               sequence's steps, with the batch's wall time.
+    decode, feed and decode_batch run the same step (`_decode_step`: one `attention.plan` per step), so a sequence
+    decoded alone or in a batch reads the same blocks and counts the same bytes.
     """
 
     def __init__(self, model: Model, router: Router | None = None, config: EngineConfig | None = None, **kwargs):
@@ -122,38 +157,31 @@ class Engine:
             raise ValueError(f"pass either config or keyword arguments, not both (got {sorted(kwargs)})")
         if config is not None and not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
-        try:
-            cfg = config or EngineConfig(**kwargs)
-        except TypeError as exc:
-            raise TypeError(f"Engine got an unknown argument: {exc}") from None
-        self.config = cfg
-        block_size, num_blocks, chunk_size, dense_layers = cfg.block_size, cfg.num_blocks, cfg.chunk_size, cfg.dense_layers
-        kv_dtype, prefix_cache, cache_policy = cfg.kv_dtype, cfg.prefix_cache, cfg.cache_policy
-        progress, record_selections = cfg.progress, cfg.record_selections
         if not isinstance(model, Model):
             raise TypeError(f"model must be a sparsekv.Model, got {type(model).__name__}")
         if router is not None and not isinstance(router, Router):
             raise TypeError(f"router must be a Router or None, got {type(router).__name__}")
-        check_int("chunk_size", chunk_size, lo=1)
-        check_int("dense_layers", dense_layers, lo=0, hi=model.config.n_layers)
+        cfg = config or EngineConfig.of(**kwargs)
         c = model.config
-        self.model, self.router = model, router
-        self.chunk_size, self.dense_layers, self.progress = chunk_size, dense_layers, progress
-        self.record_selections = record_selections
-        self.store = BlockStore(StoreConfig(num_layers=max(1, len(c.attn_layers)), num_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
-                                            block_size=block_size, num_blocks=num_blocks,
-                                            dtype=kv_dtype or model.dtype, kv_bits=cfg.kv_bits,
-                                            cold_dir=cfg.cold_dir, hot_blocks=cfg.hot_blocks,
-                                            placement=cfg.placement))
+        check_int("dense_layers", cfg.dense_layers, lo=0, hi=c.n_layers)
+        self.config, self.model, self.router = cfg, model, router
+        store_cfg = cfg.store.for_model(max(1, len(c.attn_layers)), c.n_kv_heads, c.head_dim, model.dtype)
+        windows = c.store_windows if c.attn_layers else None
+        if windows and any(windows) and store_cfg.window_blocks is None:
+            # a sliding group's pool: room for 16 sequences, each holding its window and one prefill chunk
+            per = -(-(max(windows) + cfg.chunk_size) // store_cfg.block_size) + 2
+            store_cfg = replace(store_cfg, window_blocks=min(store_cfg.num_blocks, 16 * per))
+        self.store = make_store(store_cfg, windows)          # a HybridStore when some layers slide (storage.hybrid)
         self._states: dict[int, _State] = {}
         self.prefix_cache = None
-        if prefix_cache:
+        if cfg.prefix_cache:
             if set(c.mixers) != {"attn"}:
                 raise ValueError("prefix_cache needs an all-attention model: conv and linear-attention state "
                                  f"is not cached, and this model's mixers are {c.mixers}")
-            from ..storage.prefix_cache import PrefixCache
-            self.prefix_cache = PrefixCache(self.store, policy=cache_policy, high_watermark=cfg.cache_high_watermark,
-                                            low_watermark=cfg.cache_low_watermark)
+            from ..storage.prefix_cache import make_prefix_cache
+            self.prefix_cache = make_prefix_cache(self.store, policy=cfg.cache_policy,
+                                                  high_watermark=cfg.cache_high_watermark,
+                                                  low_watermark=cfg.cache_low_watermark)
 
     # -- sequences ------------------------------------------------------------------------
     def new_sequence(self) -> Sequence:
@@ -216,7 +244,8 @@ class Engine:
         """Append `token_ids` (a prompt, or a later turn) in chunks; returns the last token's logits [vocab].
 
         On an empty sequence with a prefix cache, the longest cached prefix is reused and only
-        the rest is computed; `stats(seq)` reports cached against computed tokens.
+        the rest is computed; `stats(seq)` reports cached against computed tokens. Starts a turn:
+        `stats(seq).ttft_s` is this call's wall time.
         """
         st = self._state(seq)
         ids = self._as_ids(token_ids)
@@ -227,15 +256,15 @@ class Engine:
             cached = self.prefix_cache.attach(seq, ids, namespace=namespace)
             st.tokens.extend(ids[:cached].tolist())
         todo = ids[cached:]
-        chunks = [todo[i:i + self.chunk_size] for i in range(0, len(todo), self.chunk_size)]
+        size = self.config.chunk_size
+        chunks = [todo[i:i + size] for i in range(0, len(todo), size)]
         bar = None
-        if self.progress and len(chunks) > 4:
+        if self.config.progress and len(chunks) > 4:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(todo), desc="prefill", unit="tok", leave=False)
         logits = None
         for chunk in chunks:
             logits = self._forward(seq, chunk, attend=self._prefill_attend(seq))
-            st.tokens.extend(chunk.tolist())
             if bar is not None:
                 bar.update(len(chunk))
         if bar is not None:
@@ -247,6 +276,37 @@ class Engine:
         s.computed_tokens += len(todo)
         s.ttft_s = time.perf_counter() - t0
         return st.next_logits
+
+    def extend(self, seq: Sequence, token_ids) -> torch.Tensor:
+        """Append `token_ids` to `seq` as one prefill chunk (no prefix-cache lookup); returns the last logits [vocab].
+        What a scheduler calls to prefill a prompt a chunk at a time: its time adds to the turn's `ttft_s`."""
+        st = self._state(seq)
+        ids = self._as_ids(token_ids)
+        t0 = time.perf_counter()
+        logits = self._forward(seq, ids, attend=self._prefill_attend(seq))
+        st.next_logits = logits[0]
+        st.stats.prompt_tokens += len(ids)
+        st.stats.computed_tokens += len(ids)
+        st.stats.ttft_s += time.perf_counter() - t0
+        return st.next_logits
+
+    def attach_prefix(self, seq: Sequence, token_ids, namespace=None) -> int:
+        """Start empty `seq` on the prefix cache's longest hit for `token_ids` (0 without a cache); returns the
+        cached tokens, which the caller then skips when it prefills the rest with `extend`. Starts a turn
+        (`ttft_s` = 0, to which each `extend` adds)."""
+        st = self._state(seq)
+        if seq.num_tokens:
+            raise ValueError(f"seq must be empty to attach a cached prefix; it holds {seq.num_tokens} tokens")
+        st.stats.ttft_s = 0.0
+        if self.prefix_cache is None:
+            return 0
+        ids = self._as_ids(token_ids)
+        st.namespace = namespace
+        cached = self.prefix_cache.attach(seq, ids, namespace=namespace)
+        st.tokens.extend(ids[:cached].tolist())
+        st.stats.prompt_tokens += cached
+        st.stats.cached_tokens += cached
+        return cached
 
     def fill_synthetic(self, seq: Sequence, n: int, seed: int = 0, chunk: int = 8192) -> None:
         """Append `n` tokens of random K/V (N(0, 1)) to every layer, without running the model.
@@ -263,12 +323,14 @@ class Engine:
             t = min(chunk, n - i)
             shape = (c.num_layers, t, c.num_kv_heads, c.head_dim)
             self.store.append(seq, torch.randn(shape, generator=g).to(c.dtype), torch.randn(shape, generator=g).to(c.dtype))
+            self.store.trim(seq)
             st.tokens.extend(torch.randint(0, self.model.config.vocab_size, (t,), generator=g).tolist())
 
     # -- decode ---------------------------------------------------------------------------
     def decode(self, seq: Sequence, n: int, sampler: Callable[[torch.Tensor], int] = greedy,
-               router=_ENGINE_DEFAULT) -> list[int]:
-        """Generate `n` tokens (greedy by default). `router`: a Router, None (dense), or the engine's."""
+               router=_ENGINE_DEFAULT, dense_layers: int | None = None) -> list[int]:
+        """Generate `n` tokens (greedy by default). `router`: a Router, None (dense), or the engine's;
+        `dense_layers`: this call's leading dense layers (None: the config's)."""
         st = self._state(seq)
         check_int("n", n, lo=1)
         if st.next_logits is None:
@@ -278,11 +340,11 @@ class Engine:
         for _ in range(n):
             tok = int(sampler(st.next_logits))
             out.append(tok)
-            self._step(seq, st, tok, router)
+            self._decode_step([seq], [st], [tok], router, dense_layers)
         return out
 
     def feed(self, seq: Sequence, token_ids, router=_ENGINE_DEFAULT,
-             observer: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+             observer: Callable[[int, torch.Tensor], None] | None = None, dense_layers: int | None = None) -> torch.Tensor:
         """Teacher forcing: decode the given tokens one at a time (routed like `decode`) and return
         the logits after each, [n, vocab]. The last row becomes the sequence's next-token logits.
 
@@ -293,16 +355,18 @@ class Engine:
         st = self._state(seq)
         ids = self._as_ids(token_ids)
         router = self.router if router is _ENGINE_DEFAULT else router
-        return torch.stack([self._step(seq, st, tok, router, observer) for tok in ids.tolist()])
+        return torch.cat([self._decode_step([seq], [st], [tok], router, dense_layers, observer)
+                          for tok in ids.tolist()])
 
     def decode_batch(self, seqs: list[Sequence], sampler: Callable[[torch.Tensor], int] = greedy,
-                     router=_ENGINE_DEFAULT) -> list[int]:
-        """One token for each of `seqs` in one batched forward (`Model.forward_decode_batch`); returns the tokens.
+                     router=_ENGINE_DEFAULT, dense_layers: int | None = None) -> list[int]:
+        """One token for each of `seqs` in one batched step; returns the tokens.
 
-        Each sequence samples from its own next-token logits, is routed on its own (per layer, per sequence),
-        and attention runs over all of them in one `batch_attention` call. Every sequence's stats get the step,
-        with the batch's wall time. A sequence gets the tokens it would get decoded alone (to float rounding of
-        the batched projections). Needs an all-attention model; a StoreFullError leaves every sequence as it was.
+        Each sequence samples from its own next-token logits and is routed on its own (per layer, per sequence);
+        the projections and MLPs run once over the batch (`Model.forward_decode_batch`). Every sequence's stats
+        get the step, with the batch's wall time. A sequence gets the tokens and the step traffic it would get
+        decoded alone (to float rounding of the batched projections). Needs an all-attention model; a
+        StoreFullError leaves every sequence as it was.
         """
         if not isinstance(seqs, (list, tuple)) or not seqs:
             raise TypeError("seqs must be a non-empty list of Sequence")
@@ -312,135 +376,80 @@ class Engine:
         for s, st in zip(seqs, states):
             if st.next_logits is None:
                 raise ValueError(f"seq (id {s.seq_id}) has no logits to sample from; prefill it first")
+        if len(seqs) > 1 and any(kind != "attn" for kind in self.model.config.mixers):
+            raise ValueError(f"batched decode needs an all-attention model; this one's mixers are "
+                             f"{self.model.config.mixers}")
         router = self.router if router is _ENGINE_DEFAULT else router
-        needed = sum(self.store.blocks_needed(s, 1) for s in seqs)
-        if needed > self.store.num_free_blocks:
-            raise StoreFullError(needed, self.store.num_free_blocks, what=f"a decode batch of {len(seqs)}")
         toks = [int(sampler(st.next_logits)) for st in states]
-        t0 = time.perf_counter()
-        res = [self.store.reserve(s, 1) for s in seqs]
-        for st, tok in zip(states, toks):
-            st.tokens.append(tok)
-        plans, steps = [None] * len(seqs), [StepStats(0.0, 0, 0, 0) for _ in seqs]
-
-        def attend(layer: int, q: torch.Tensor, k=None, v=None) -> torch.Tensor:   # q [B, Hq, D]
-            for b, s in enumerate(seqs):
-                if plans[b] is None:
-                    plans[b] = plan_decode(self.store, s, q.shape[1])
-            if router is None or layer < self.dense_layers:
-                out, _ = batch_attention(q, self.store, list(seqs), layer)
-                for b, s in enumerate(seqs):
-                    steps[b].blocks_read += s.num_blocks * self.store.config.num_kv_heads
-                    steps[b].kv_bytes += plans[b].dense_bytes.kv_bytes
-                return out
-            sels = [plans[b].route(router, layer, q[b]) for b in range(len(seqs))]
-            out, _ = batch_attention(q, self.store, list(seqs), layer, [sel.blocks for sel in sels])
-            for b, sel in enumerate(sels):
-                steps[b].blocks_read += int((sel.blocks >= 0).sum())
-                steps[b].route_bytes += sel.traffic.total
-            return out
-
-        ids = torch.tensor(toks)
-        positions = torch.tensor([r.start for r in res])
-        logits = self.model.forward_decode_batch(ids, positions, self.store, res, attend)
-        dt = time.perf_counter() - t0
-        for st, step, row in zip(states, steps, logits):
-            step.seconds = dt
-            st.stats.steps.append(step)
-            st.next_logits = row
+        self._decode_step(list(seqs), states, toks, router, dense_layers)
         return toks
 
-    def extend(self, seq: Sequence, token_ids) -> torch.Tensor:
-        """Append `token_ids` to `seq` as one prefill chunk (no prefix-cache lookup); returns the last logits [vocab].
-        What a scheduler calls to prefill a prompt a chunk at a time."""
-        st = self._state(seq)
-        ids = self._as_ids(token_ids)
+    # -- internals ------------------------------------------------------------------------
+    def _decode_step(self, seqs: list[Sequence], states: list[_State], toks: list[int], router: Router | None,
+                     dense_layers: int | None = None, observer=None) -> torch.Tensor:
+        """One decode step of `seqs` on tokens `toks`: reserve a slot each, plan the step once, run the model with
+        the plan as every layer's attention, record each sequence's stats; returns the logits [B, vocab].
+        Running out of blocks raises StoreFullError before anything changes."""
+        store, cfg = self.store, self.config
+        store.check_room(seqs, 1)                    # StoreFullError here changes nothing (every layer group counted)
         t0 = time.perf_counter()
-        logits = self._forward(seq, ids, attend=self._prefill_attend(seq))
-        st.tokens.extend(ids.tolist())
-        st.next_logits = logits[0]
-        st.stats.prompt_tokens += len(ids)
-        st.stats.computed_tokens += len(ids)
-        st.stats.ttft_s += time.perf_counter() - t0
-        return st.next_logits
+        res = [store.reserve(s, 1) for s in seqs]
+        for st, tok in zip(states, toks):
+            st.tokens.append(tok)
+        plan = plan_decode(store, seqs, self.model.config.n_heads, router=router,
+                           dense_layers=cfg.dense_layers if dense_layers is None else dense_layers,
+                           record=cfg.record_selections, on_route=self._read_ahead(seqs) if cfg.prefetch else None)
 
-    def attach_prefix(self, seq: Sequence, token_ids, namespace=None) -> int:
-        """Start empty `seq` on the prefix cache's longest hit for `token_ids` (0 without a cache); returns the
-        cached tokens, which the caller then skips when it prefills the rest with `extend`."""
-        st = self._state(seq)
-        if seq.num_tokens:
-            raise ValueError(f"seq must be empty to attach a cached prefix; it holds {seq.num_tokens} tokens")
-        if self.prefix_cache is None:
-            return 0
-        ids = self._as_ids(token_ids)
-        st.namespace = namespace
-        cached = self.prefix_cache.attach(seq, ids, namespace=namespace)
-        st.tokens.extend(ids[:cached].tolist())
-        st.stats.prompt_tokens += cached
-        st.stats.cached_tokens += cached
-        return cached
-
-    def _step(self, seq: Sequence, st: _State, tok: int, router, observer=None) -> torch.Tensor:
-        """One decode step on token `tok`: forward, record its stats, return (and keep) its logits."""
-        st.tokens.append(tok)
-        step = StepStats(0.0, 0, 0, 0, *(({}, {}) if self.record_selections else (None, None)))
-        t0 = time.perf_counter()
-        logits = self._forward(seq, torch.tensor([tok]), attend=self._decode_attend(seq, router, step, observer))
-        step.seconds = time.perf_counter() - t0
-        st.stats.steps.append(step)
-        st.next_logits = logits[0]
-        return st.next_logits
-
-    def _decode_attend(self, seq: Sequence, router: Router | None, step: StepStats, observer=None):
-        """The per-layer attention of one decode step. The step is planned once, at its first
-        layer (after the token's slot is reserved); every layer then runs the plan unchecked."""
-        plan = None
-
-        def attend(layer: int, q: torch.Tensor, k=None, v=None) -> torch.Tensor:   # q [1, Hq, D]; decode reads
-            # its own token from the store, as stored (k, v unused)
-            nonlocal plan
-            if plan is None:
-                plan = plan_decode(self.store, seq, q.shape[1])
+        def attend(layer: int, q: torch.Tensor, k=None, v=None) -> torch.Tensor:      # q [B, Hq, D]
             if observer is not None:
                 observer(layer, q[0])
-            if router is None or layer < self.dense_layers:
-                out = plan.dense(layer, q[0])
-                step.blocks_read += seq.num_blocks * self.store.config.num_kv_heads
-                step.kv_bytes += plan.dense_bytes.kv_bytes
-                step.route_bytes += plan.dense_bytes.index_bytes
-                return out[None]
-            sel = plan.route(router, layer, q[0])
-            out, res = plan.sparse(layer, q[0], sel.blocks)
-            if self.config.prefetch:
-                self._prefetch(seq, layer, sel)
-            step.blocks_read += res.blocks_read
-            step.kv_bytes += res.kv_bytes
-            if step.selections is not None:
-                step.selections[layer] = sel.blocks.clone()
-                step.masses[layer] = sel.mass.clone()
-            step.route_bytes += res.traffic.index_bytes + sel.traffic.total
-            return out[None]
+            return plan.run(layer, q)     # a decode step reads its own token from the store, as stored (k, v unused)
 
-        return attend
+        ids, positions = torch.tensor(toks), torch.tensor([r.start for r in res])
+        if all(kind == "attn" for kind in self.model.config.mixers):
+            logits = self.model.forward_decode_batch(ids, positions, store, res, attend)
+        else:                              # conv and linear mixers keep per-sequence state: one sequence here
+            logits = self.model(ids, positions, store, res[0], attend, state=states[0].mixer_state)
+        for s, st in zip(seqs, states):
+            self._release_window(s, st)
+        dt = time.perf_counter() - t0
+        for b, st in enumerate(states):
+            t = plan.traffic[b]
+            st.stats.steps.append(StepStats(dt, plan.blocks_read[b], t.kv_bytes, t.meta_bytes,
+                                            plan.selections[b] if cfg.record_selections else None,
+                                            plan.masses[b] if cfg.record_selections else None, t))
+            st.next_logits = logits[b]
+        return logits
 
-    # -- internals ------------------------------------------------------------------------
+    def _read_ahead(self, seqs: list[Sequence]):
+        """After each routed layer, start reading the tiles the next step may want from the cold tier: each kv head's
+        selection widened by `config.prefetch` blocks, the next ranked by this step's mass (`ranked_blocks`)."""
+        def on_route(b: int, layer: int, sel) -> None:
+            ranked = ranked_blocks(sel.mass, sel.blocks.shape[1] + self.config.prefetch)     # [H, K'] logical blocks
+            self.store.prefetch(layer, torch.unique(self.store.block_table(seqs[b])[ranked.flatten()]).tolist())
+        return on_route
+
     def _prefill_attend(self, seq: Sequence):
         """Prefill attention for one chunk: the cached prefix from the store, the chunk's own K/V as computed
         (`prefill_attention(fresh=...)`: a quantised store's rounding applies to later reads only)."""
         return lambda layer, q, k, v: prefill_attention(q, self.store, seq, layer, fresh=(k, v))
 
-    def _prefetch(self, seq: Sequence, layer: int, sel) -> None:
-        """Read ahead, for the next step, the selection widened by `config.prefetch` blocks per kv head
-        (the next ranked by this step's mass); only tiles in the cold tier are read."""
-        K = sel.blocks.shape[1] + self.config.prefetch
-        ranked = sel.mass.topk(min(K, sel.mass.shape[1]), dim=1).indices          # [H, K'] logical blocks
-        ids = torch.unique(self.store.block_table(seq)[ranked.flatten()])
-        self.store.prefetch(layer, ids.tolist())
-
     def _forward(self, seq: Sequence, ids: torch.Tensor, attend) -> torch.Tensor:
+        """Append `ids` to `seq` as one chunk (its tokens included); returns the logits of its last token [1, vocab]."""
+        st = self._states[seq.seq_id]
         res = self.store.reserve(seq, len(ids))
         positions = torch.arange(res.start, res.start + len(ids))
-        return self.model(ids, positions, self.store, res, attend, state=self._states[seq.seq_id].mixer_state)
+        logits = self.model(ids, positions, self.store, res, attend, state=st.mixer_state)
+        st.tokens.extend(ids.tolist())
+        self._release_window(seq, st)
+        return logits
+
+    def _release_window(self, seq: Sequence, st: _State) -> None:
+        """Give a sliding window's blocks that no later query reaches back to their pool (`HybridStore.trim`), after
+        registering them with a hybrid prefix cache, so that they stay cached until an allocation needs them."""
+        if self.prefix_cache is not None and hasattr(self.prefix_cache, "retain"):
+            self.prefix_cache.retain(seq, st.tokens, namespace=st.namespace)
+        self.store.trim(seq)
 
     def _state(self, seq: Sequence) -> _State:
         self.store.check_seq(seq)

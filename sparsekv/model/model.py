@@ -1,9 +1,16 @@
-"""A compact Llama-family decoder whose attention reads and writes only through a `BlockStore`.
+"""A compact decoder (Llama family, and Gemma 3) whose attention reads and writes only through a `BlockStore`.
 
 RMSNorm, rotary embeddings (HF's rotate-half convention, with "default" and "llama3"
 frequency rules), GQA attention with optional q/k/v bias (Qwen2), and a SwiGLU MLP. Module
 names follow Hugging Face's (`layers.{i}.self_attn.q_proj`, `mlp.gate_proj`, ...), so a
 checkpoint's tensors load by name after dropping the `model.` prefix.
+
+Gemma 3 is the same decoder with five switches, each a `ModelConfig` field read from the checkpoint's config:
+`block="sandwich"` (norms before and after both attention and the MLP), `norm_offset=1` (RMSNorm scales by 1 + w,
+in float32), `qk_norm` (an RMSNorm over each head's q and k, before the rotation), `hidden_act="gelu_tanh"` (GeGLU)
+and `embed_scale` (embeddings times sqrt(dim)); its attention layers are sliding-window or global (`windows`, one
+entry per layer: 0 global, w a window of w tokens, a query at i seeing keys j with 0 <= i - j < w), each with its
+own rotary base (`rope_theta_local` for the sliding ones).
 
 The model does not own a cache. `forward(tokens, positions, res, attend)` writes each
 layer's K/V into the slots of `res` (a `Reservation` from `store.reserve`) and calls
@@ -21,6 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..storage.store import BlockStore, Reservation
+
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}   # the gated MLP's
 
 
 @dataclass
@@ -41,6 +50,15 @@ class ModelConfig:
     positions: str = "rope"         # "rope" or "none" (NoPE: no positional signal in attention)
     mixers: tuple = ()              # per layer "attn", "conv" (short causal conv) or "linear"; () = all attn
     conv_kernel: int = 3            # taps of the "conv" mixer
+    windows: tuple = ()             # per layer 0 (global attention) or w > 0 (sliding window of w tokens); () = all 0
+    rope_theta_local: float = 0.0   # rotary base of the sliding-window layers (0: rope_theta)
+    block: str = "prenorm"          # "prenorm" (Llama: x + mix(norm x), x + mlp(norm x)) or "sandwich" (Gemma 3:
+                                    #   a norm after the mixer and one after the MLP too, before each residual add)
+    norm_offset: float = 0.0        # RMSNorm scales by (norm_offset + weight): Gemma's 1 + w
+    qk_norm: bool = False           # an RMSNorm over each head's q and k before the rotation (Gemma 3)
+    hidden_act: str = "silu"        # the gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    embed_scale: float = 1.0        # token embeddings are multiplied by this (Gemma: sqrt(dim))
+    attn_scale: float = 0.0         # q.k scale (0: 1/sqrt(head_dim)); Gemma's query_pre_attn_scalar ** -0.5
     name: str = "custom"
 
     def __post_init__(self):
@@ -53,11 +71,25 @@ class ModelConfig:
             raise ValueError(f"mixers must list n_layers={self.n_layers} of 'attn', 'conv', 'linear'; got {self.mixers}")
         if self.positions not in ("rope", "none"):
             raise ValueError(f"positions must be 'rope' or 'none', got {self.positions!r}")
+        self.windows = tuple(int(w) for w in self.windows) or (0,) * self.n_layers
+        if len(self.windows) != self.n_layers or min(self.windows) < 0:
+            raise ValueError(f"windows must list n_layers={self.n_layers} entries >= 0 (0: global), got {self.windows}")
+        if any(w and m != "attn" for w, m in zip(self.windows, self.mixers)):
+            raise ValueError("windows: only attention layers can have a sliding window")
+        if self.block not in ("prenorm", "sandwich"):
+            raise ValueError(f"block must be 'prenorm' or 'sandwich', got {self.block!r}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}, got {self.hidden_act!r}")
 
     @property
     def attn_layers(self) -> list[int]:
         """Model layers whose K/V live in the block store (in store-layer order)."""
         return [i for i, m in enumerate(self.mixers) if m == "attn"]
+
+    @property
+    def store_windows(self) -> tuple[int, ...]:
+        """The window of each store layer (0: global), in store-layer order."""
+        return tuple(self.windows[i] for i in self.attn_layers)
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":
@@ -95,10 +127,12 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2] (float32), with HF's llama3 rule when configured."""
+def rope_frequencies(cfg: ModelConfig, theta: float | None = None) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2] (float32) for base `theta` (default cfg.rope_theta), with HF's llama3 rule
+    when configured. Computed in float32 exactly as transformers computes them: an inverse frequency one ulp away
+    turns position p's angle by about p ulp, which at 3,000 tokens moves Gemma 3's logits by 3e-4."""
     d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    inv = 1.0 / ((theta or cfg.rope_theta) ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     rs = cfg.rope_scaling or {}
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind == "llama3":
@@ -123,14 +157,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """x / rms(x) * w (Llama), or, with `offset`, x / rms(x) * (offset + w) computed in float32 (Gemma's 1 + w)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.ones(dim) if not offset else torch.zeros(dim))
 
     def forward(self, x):
         xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (normed * (self.offset + self.weight.float())).to(x.dtype)
+        return normed.to(x.dtype) * self.weight
 
 
 def _add_projections(mod: nn.Module, cfg: ModelConfig) -> None:
@@ -171,16 +210,27 @@ class Mixer(nn.Module):
 class Attention(Mixer):
     kind = "attn"
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, window: int = 0):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.window = cfg, window
         _add_projections(self, cfg)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.norm_offset)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.norm_offset)
+        # the kernels scale q.k by 1/sqrt(D); another scale (Gemma's query_pre_attn_scalar) is folded into q
+        D = cfg.head_dim
+        self.q_gain = cfg.attn_scale * math.sqrt(D) if cfg.attn_scale and abs(cfg.attn_scale * math.sqrt(D) - 1) > 1e-12 else None
 
     def qkv(self, x, cos, sin):
-        """x [..., T, dim] -> q [..., T, Hq, D], k and v [..., T, H, D], rotary applied to q and k."""
+        """x [..., T, dim] -> q [..., T, Hq, D], k and v [..., T, H, D], rotary applied to q and k (after their norms)."""
         c, D = self.cfg, self.cfg.head_dim
-        q = apply_rope(self.q_proj(x).unflatten(-1, (c.n_heads, D)), cos, sin)
-        k = apply_rope(self.k_proj(x).unflatten(-1, (c.n_kv_heads, D)), cos, sin)
+        q = self.q_proj(x).unflatten(-1, (c.n_heads, D))
+        k = self.k_proj(x).unflatten(-1, (c.n_kv_heads, D))
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_gain is not None:
+            q = q * self.q_gain
         return q, k, self.v_proj(x).unflatten(-1, (c.n_kv_heads, D))
 
     def step(self, x, state, ctx: StepContext):
@@ -195,20 +245,29 @@ class Attention(Mixer):
     def batch(self, x, cos, sin):
         B, T = x.shape[:2]
         q, k, v = self.qkv(x, cos, sin)                                           # [B, T, heads, D]
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=True, enable_gqa=True)
+        if self.window:                                                           # 0 <= i - j < window
+            i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+            mask = (j <= i) & (i - j < self.window)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               attn_mask=mask, enable_gqa=True)
+        else:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, enable_gqa=True)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
+    """down(act(gate x) * up x): SwiGLU with silu, GeGLU with tanh GELU (the activation bound once)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
+        self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class ShortConv(Mixer):
@@ -312,22 +371,39 @@ MIXERS: dict[str, type[Mixer]] = {cls.kind: cls for cls in (Attention, ShortConv
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x)). The mixer is bound here, once, from
-    `MIXERS` (its attribute keeps HF's name for attention, `self_attn`, so checkpoints load by name)."""
+    """One block, its mixer and its norm layout bound here, once:
+
+        prenorm    h = x + mix(input_layernorm x);  out = h + mlp(post_attention_layernorm h)          (Llama)
+        sandwich   h = x + post_attention_layernorm(mix(input_layernorm x));
+                   out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm h))             (Gemma 3)
+
+    The mixer comes from `MIXERS` (its attribute keeps HF's name for attention, `self_attn`, so checkpoints load by
+    name; HF's names also give `post_attention_layernorm` its two meanings above)."""
 
     ATTR = {"attn": "self_attn", "conv": "conv", "linear": "linear_attn"}
 
-    def __init__(self, cfg: ModelConfig, mixer: str = "attn"):
+    def __init__(self, cfg: ModelConfig, mixer: str = "attn", window: int = 0):
         super().__init__()
-        self.mixer = mixer
-        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        setattr(self, self.ATTR.get(mixer, mixer), MIXERS[mixer](cfg))
-        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mixer, self.window, self.sandwich = mixer, window, cfg.block == "sandwich"
+        norm = lambda: RMSNorm(cfg.dim, cfg.norm_eps, cfg.norm_offset)
+        self.input_layernorm = norm()
+        setattr(self, self.ATTR.get(mixer, mixer), MIXERS[mixer](cfg, window) if mixer == "attn" else MIXERS[mixer](cfg))
+        self.post_attention_layernorm = norm()
         self.mlp = MLP(cfg)
+        if self.sandwich:
+            self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
 
     @property
     def mix(self) -> Mixer:
         return getattr(self, self.ATTR.get(self.mixer, self.mixer))
+
+    def residual(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The block's output from its input x and its mixer's output y (of input_layernorm x)."""
+        if self.sandwich:
+            h = x + self.post_attention_layernorm(y)
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = x + y
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Model(nn.Module):
@@ -341,9 +417,9 @@ class Model(nn.Module):
         if seed is not None:
             torch.manual_seed(seed)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.dim)
-        self.layers = nn.ModuleList(DecoderLayer(c, m) for m in c.mixers)
+        self.layers = nn.ModuleList(DecoderLayer(c, m, w) for m, w in zip(c.mixers, c.windows))
         self.store_layer = {layer: j for j, layer in enumerate(c.attn_layers)}   # model layer -> store layer
-        self.norm = RMSNorm(c.dim, c.norm_eps)
+        self.norm = RMSNorm(c.dim, c.norm_eps, c.norm_offset)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -352,19 +428,36 @@ class Model(nn.Module):
         # gradients nearly cancel, and recall training sits on its plateau (measured: q/k gradients
         # 100x smaller than v/o).
         self.register_buffer("inv_freq", rope_frequencies(c), persistent=False)
+        self.local_rope = bool(c.rope_theta_local) and any(c.windows)       # the sliding layers' own rotary base
+        self.register_buffer("inv_freq_local", rope_frequencies(c, c.rope_theta_local or c.rope_theta),
+                             persistent=False)
         self.eval()
 
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
-    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(self, positions: torch.Tensor, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, D] of `positions` [T]; `local`: the sliding-window layers' base."""
         if self.config.positions == "none":                                        # NoPE: rotation by 0
             shape = (positions.shape[0], self.config.head_dim)
             return torch.ones(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]                  # [T, D/2]
+        inv = self.inv_freq_local if local and self.local_rope else self.inv_freq
+        freqs = positions.float()[:, None] * inv[None, :]                            # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def _rotaries(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, its (cos, sin) of `positions` (each base computed once)."""
+        glob = self.rotary(positions)
+        loc = self.rotary(positions, local=True) if self.local_rope else glob
+        return [loc if layer.window else glob for layer in self.layers]
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(tokens)
+        if self.config.embed_scale != 1.0:
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        return x
 
     def initial_state(self) -> dict:
         """Recurrent state of the non-attention mixers for a new sequence (conv taps, linear S/z)."""
@@ -380,16 +473,16 @@ class Model(nn.Module):
         Attention layers write K/V to store layer `store_layer[i]` and call attend(store layer, q, k, v);
         conv and linear layers read and update `state` (from `initial_state`) in place.
         """
-        x = self.embed_tokens(tokens)
-        cos, sin = self.rotary(positions)
-        ctx = StepContext(cos, sin, store, res, attend)
+        x = self.embed(tokens)
+        rot = self._rotaries(positions)
+        ctx = StepContext(*rot[0], store, res, attend)
         for i, layer in enumerate(self.layers):
             ctx.store_layer = self.store_layer.get(i, -1)
+            ctx.cos, ctx.sin = rot[i]
             y, new = layer.mix.step(layer.input_layernorm(x), state.get(i) if state else None, ctx)
             if new is not None:
                 state[i] = new
-            x = x + y
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer.residual(x, y)
         if last_only:
             x = x[-1:]
         return self.lm_head(self.norm(x)).float()
@@ -412,17 +505,16 @@ class Model(nn.Module):
         if positions.shape != (B,) or len(reservations) != B:
             raise ValueError(f"tokens, positions and reservations must each have B={B} entries, got "
                              f"{tuple(positions.shape)} and {len(reservations)}")
-        x = self.embed_tokens(tokens)                                                # [B, dim]
-        cos, sin = self.rotary(positions)                                            # [B, D]: one position per row
+        x = self.embed(tokens)                                                       # [B, dim]
+        rot = self._rotaries(positions)                                              # [B, D]: one position per row
         dt = store.config.dtype
         for i, layer in enumerate(self.layers):
             mix, sl = layer.mix, self.store_layer[i]
-            q, k, v = mix.qkv(layer.input_layernorm(x), cos, sin)                    # [B, Hq, D], [B, H, D]
+            q, k, v = mix.qkv(layer.input_layernorm(x), *rot[i])                     # [B, Hq, D], [B, H, D]
             for b, res in enumerate(reservations):
                 store.write(res, sl, k[b:b + 1].to(dt), v[b:b + 1].to(dt), check_finite=False)
             o = attend(sl, q, k, v)                                                  # [B, Hq, D]
-            x = x + mix.o_proj(o.reshape(B, -1).to(x.dtype))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer.residual(x, mix.o_proj(o.reshape(B, -1).to(x.dtype)))
         return self.lm_head(self.norm(x)).float()
 
     def train_forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -431,9 +523,8 @@ class Model(nn.Module):
         Same weights and maths as the store-backed `forward` (tests check they agree).
         """
         B, T = tokens.shape
-        x = self.embed_tokens(tokens)
-        cos, sin = self.rotary(torch.arange(T))
-        for layer in self.layers:
-            x = x + layer.mix.batch(layer.input_layernorm(x), cos, sin)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.embed(tokens)
+        rot = self._rotaries(torch.arange(T))
+        for layer, (cos, sin) in zip(self.layers, rot):
+            x = layer.residual(x, layer.mix.batch(layer.input_layernorm(x), cos, sin))
         return self.lm_head(self.norm(x))

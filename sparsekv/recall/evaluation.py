@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import tasks
 from ..model.engine import Engine
 from ..model.model import Model
 from ..routing.router import Router
+from . import tasks
 
 
 @dataclass

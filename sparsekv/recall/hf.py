@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..attention.decode import sparse_attention
+from ..attention.plan import step_traffic
 from ..routing.router import Router
 from ..storage.store import BlockStore, StoreConfig
+
 
 @dataclass
 class Registration:
@@ -74,8 +76,9 @@ def _attention(reg: Registration, module, query, key, value, attention_mask, sca
         seq = store.new_sequence()
         store.append(seq, key[b].transpose(0, 1)[None].contiguous(), value[b].transpose(0, 1)[None].contiguous())
         sel = router.select(q[b], store, seq, 0)
-        out, res = sparse_attention(q[b], store, seq, 0, sel.blocks)
-        reg.steps.append({"layer": layer, "blocks": sel.num_selected.tolist(), "kv_bytes": res.kv_bytes,
-                          "route_bytes": sel.route_bytes + res.traffic.index_bytes})
+        out, _ = sparse_attention(q[b], store, seq, 0, sel.blocks)
+        t = step_traffic(store, seq, Hq, sel.blocks, sel)           # the decode plan's own count
+        reg.steps.append({"layer": layer, "blocks": sel.num_selected.tolist(), "kv_bytes": t.kv_bytes,
+                          "route_bytes": t.meta_bytes})
         outs.append(out)
     return torch.stack(outs)[:, None].to(query.dtype), None

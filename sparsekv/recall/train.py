@@ -1,6 +1,6 @@
 """Train a tiny recall model on the CPU: `python -m sparsekv train --task niah --preset recall`.
 
-Recipe (from the recipe evidence in the issue, then our own changes):
+Recipe (Zoology's MQAR recipe, then our own changes):
   * architecture: the `recall` presets: a short causal conv (kernel 3), then attention with no
     positional encoding (NoPE); 2 heads sharing 1 kv head, width 128;
   * AdamW (lr 3e-3, weight decay 0.1), linear warm-up then cosine, batch 32, fresh data every
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import tasks
 from ..model.model import Model, ModelConfig
+from . import tasks
 
 
 @dataclass

@@ -32,14 +32,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.backend import BACKENDS as SCORE_BACKENDS
+from ..core.backend import resolve
 from ..core.checks import check_choice, check_int
-from ..core.backend import BACKENDS as SCORE_BACKENDS, resolve
+from ..core.traffic import INDEX_BYTES, StepTraffic
 from ..storage.store import BlockStore, Sequence, check_decode_query
 from .scorers import ROUTERS, ScoreInput, _cpp_summaries, fused_route
 from .selectors import Selector, TopK, make_selector
-from ..core.traffic import INDEX_BYTES, StepTraffic
-
-
 
 # -- the selection ----------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ from ..storage.store import BlockStore, Sequence
 from ..storage.summaries import summary_vectors
 from .mass import block_attention_mass
 
-
 # -- scorers --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

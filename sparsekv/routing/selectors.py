@@ -51,6 +51,15 @@ def rank_key(mass: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
     return (m.view(torch.int32).long() << 32) | torch.arange(nb)
 
 
+def ranked_blocks(mass: torch.Tensor, k: int) -> torch.Tensor:
+    """The k blocks of highest mass per row, [R, min(k, nb)] logical ids, ties to the later block (`rank_key`):
+    what the engine reads ahead from a cold tier (the selection widened by the next-ranked blocks), and what the
+    tiering replay predicts with, so the two cannot drift."""
+    nb = mass.shape[-1]
+    key = rank_key(mass, torch.zeros(nb, dtype=torch.bool))
+    return key.topk(min(k, nb), dim=-1).indices
+
+
 def _ranked(mass: torch.Tensor, forced: torch.Tensor):
     """Forced blocks first, then by mass, then the later block (`rank_key`): the order, the mass in that
     order, the forced flags in that order, and the mass ranked ahead of each."""

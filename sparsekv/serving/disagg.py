@@ -50,10 +50,10 @@ def separated(cost: CostModel, requests: list[ServeRequest], block_size: int, nu
 
 
 def colocated(cost: CostModel, requests: list[ServeRequest], block_size: int, num_blocks: int, max_batch: int,
-              token_budget: int, replicas: int = 2) -> ServeResult:
+              batch_tokens: int, replicas: int = 2) -> ServeResult:
     """`replicas` independent chunked schedulers, request i going to replica i mod replicas."""
     parts = [Scheduler(SimExecutor(cost, block_size, num_blocks, prefix_cache=True),
-                       SchedulerConfig(policy="chunked", max_batch=max_batch, token_budget=token_budget))
+                       SchedulerConfig(policy="chunked", max_batch=max_batch, batch_tokens=batch_tokens))
              .run([r for i, r in enumerate(requests) if i % replicas == k]) for k in range(replicas)]
     records = sorted((x for p in parts for x in p.records), key=lambda x: x.rid)
     hits = [p.hit_rate for p in parts]

@@ -16,16 +16,37 @@ coefficients, and `SimExecutor` replays the same scheduling with them, without a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
 from ..model.engine import Engine
 from ..routing.router import Router
 from ..storage.block_pool import StoreFullError
+from ..storage.block_table import BlockTable
 from ..storage.prefix_cache import PrefixCache
-from ..storage.store import BlockStore, StoreConfig
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """What a `Scheduler` drives (the module docstring says what each call means). `EngineExecutor` and
+    `SimExecutor` satisfy it (tests/test_serving.py checks both), so the scheduler is one piece of code."""
+
+    block_size: int
+
+    def start(self, tokens, namespace=None) -> tuple[object, int]: ...
+    def prefill(self, handle, tokens) -> float: ...
+    def decode(self, handles: list) -> tuple[list[int], float]: ...
+    def publish(self, handle) -> None: ...
+    def finish(self, handle) -> None: ...
+    def free_blocks(self) -> int: ...
+    def used_blocks(self) -> int: ...
+    def blocks_needed(self, handle, n: int) -> int: ...
+    def cached(self, tokens, namespace=None) -> int: ...
+
+    @property
+    def hit_rate(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -146,14 +167,14 @@ class CostModel:
 
 
 class SimExecutor:
-    """The scheduler's operations on a cost model: block accounting and prefix hits are real (a model-free
-    store and `PrefixCache` of the same block size and pool), time is `cost`, tokens are placeholders."""
+    """The scheduler's operations on a cost model: block accounting and prefix hits are real (a `BlockTable` and a
+    `PrefixCache` of the same block size and pool: the engine's bookkeeping without its tensors), time is `cost`,
+    tokens are placeholders."""
 
     def __init__(self, cost: CostModel, block_size: int, num_blocks: int, prefix_cache: bool = True,
                  budget: int | None = None):
         self.cost, self.budget, self.block_size = cost, budget, block_size
-        self.store = BlockStore(StoreConfig(num_layers=1, num_kv_heads=1, head_dim=1, block_size=block_size,
-                                            num_blocks=num_blocks, summaries=(), repr_keys=0))
+        self.store = BlockTable(block_size, num_blocks)
         self.cache = PrefixCache(self.store) if prefix_cache else None
         self._tokens: dict[int, list[int]] = {}
         self._ns: dict[int, object] = {}
@@ -173,13 +194,13 @@ class SimExecutor:
 
     def _flush(self, seq) -> None:
         if self._lag[seq.seq_id]:
-            self.store.reserve(seq, self._lag[seq.seq_id], layout=False)
+            self.store.reserve(seq, self._lag[seq.seq_id])
             self._lag[seq.seq_id] = 0
 
     def prefill(self, seq, tokens) -> float:
         self._flush(seq)
         ctx = seq.num_tokens
-        self.store.reserve(seq, len(tokens), layout=False)
+        self.store.reserve(seq, len(tokens))
         self._tokens[seq.seq_id].append(np.asarray(tokens, dtype=np.int64))
         return self.cost.prefill_s(len(tokens), ctx)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.traffic import CacheBytes, cache_bytes
+from ..core.traffic import CacheBytes, cache_bytes, hybrid_cache_bytes
 from ..model.model import ModelConfig
 from ..routing.scorers import SCORERS
 from .executors import CostModel
@@ -48,21 +48,25 @@ class CacheLayout:
     kv_itemsize: int = 2                        # bf16 K/V
     summary_itemsize: int = 2                   # bf16 summaries
     scorer: str = "minmax"                      # the router's scorer (SCORERS): kmin + kmax, 2 vectors per tile
+    keep_all: bool = False                      # a hybrid model's sliding layers keep every block (a cache without a
+                                                #   hybrid allocator); False: only what their window reaches
 
     def summary_vectors(self, head_dim: int) -> int:
         """head_dim vectors the scorer reads (and the store holds) per (block, kv head)."""
-        from ..storage.store import StoreConfig   # a config to ask the summaries registry; no tensors
+        from ..storage.store import StoreConfig  # a config to ask the summaries registry; no tensors
         return SCORERS[self.scorer]().vectors(StoreConfig(num_layers=1, num_kv_heads=1, head_dim=head_dim,
                                                           block_size=self.block_size, num_blocks=1))
 
 
 def param_count(cfg: ModelConfig) -> int:
-    """Weights of a Llama-family decoder: embeddings (and an untied head), attention and SwiGLU MLP per layer."""
+    """Weights of a Llama-family or Gemma 3 decoder: embeddings (and an untied head), attention and a gated MLP per
+    layer, and the norms (two per layer, or four with Gemma's sandwich norms, plus its q and k norms)."""
     D, Hq, H = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     attn = cfg.dim * Hq * D * 2 + cfg.dim * H * D * 2
     mlp = 3 * cfg.dim * cfg.intermediate_size
+    norms = (4 if cfg.block == "sandwich" else 2) * cfg.dim + (2 * D if cfg.qk_norm else 0)
     head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim
-    return cfg.vocab_size * cfg.dim + head + cfg.n_layers * (attn + mlp + 2 * cfg.dim) + cfg.dim
+    return cfg.vocab_size * cfg.dim + head + cfg.n_layers * (attn + mlp + norms) + cfg.dim
 
 
 def kv_bytes_per_token(cfg: ModelConfig, kv_bytes: int = 2) -> int:
@@ -74,18 +78,19 @@ def sequence_cache(cfg: ModelConfig, context: int, budget: int | None = None,
     """One sequence's cache at `context` tokens: bytes held (K/V and summaries) and bytes one decode step reads
     (all K/V when `budget` is None; else the routed rows plus the scorer's summaries of every block)."""
     vectors = layout.summary_vectors(cfg.head_dim)
-    return cache_bytes("lossless", layers=len(cfg.attn_layers), kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-                       tokens=context, itemsize=layout.kv_itemsize, block_size=layout.block_size, budget=budget,
-                       summaries_held=vectors, summaries_read=0 if budget is None else vectors,
-                       summary_itemsize=layout.summary_itemsize)
+    common = dict(kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, tokens=context, itemsize=layout.kv_itemsize,
+                  block_size=layout.block_size, budget=budget, summaries_held=vectors,
+                  summaries_read=0 if budget is None else vectors, summary_itemsize=layout.summary_itemsize)
+    if any(cfg.store_windows):       # a hybrid model: only global layers hold everything and are routed
+        return hybrid_cache_bytes(cfg.store_windows, keep_all=layout.keep_all, **common)
+    return cache_bytes("lossless", layers=len(cfg.attn_layers), **common)
 
 
 def summary_bytes(cfg: ModelConfig, context: int, layout: CacheLayout = CacheLayout()) -> int:
     """The summaries of a sequence of `context` tokens: what the store holds of them, and a routed step reads."""
-    with_summaries = sequence_cache(cfg, context, None, layout).held
-    kv_only = cache_bytes("lossless", layers=len(cfg.attn_layers), kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-                          tokens=context, itemsize=layout.kv_itemsize, block_size=layout.block_size).held
-    return with_summaries - kv_only
+    global_layers = sum(1 for w in cfg.store_windows if w == 0)
+    return global_layers * cfg.n_kv_heads * -(-context // layout.block_size) * layout.summary_vectors(cfg.head_dim) \
+        * cfg.head_dim * layout.summary_itemsize
 
 
 def decode_step_s(cfg: ModelConfig, dev: Device, batch: int, context: int, budget: int | None = None,

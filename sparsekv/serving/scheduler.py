@@ -9,7 +9,7 @@ next arrival when idle):
        its whole prompt and output (`admit="full"`); static policies admit only into an empty batch;
     3. one decode token for every running request whose prompt is in (one batched step);
     4. prompt chunks: the whole remaining prompt of each prefilling request, or, for chunked policies, what
-       is left of `token_budget` after the decode tokens (Sarathi-Serve's stall-free batching);
+       is left of `batch_tokens` after the decode tokens (Sarathi-Serve's stall-free batching);
     5. finished requests are released.
 A request's full prompt blocks enter the prefix cache as soon as each chunk is in (`publish`), as vLLM
 caches each block once computed, so requests running beside it share them; its output's blocks enter
@@ -43,14 +43,15 @@ from .trace import ServeRequest
 class SchedulerConfig:
     policy: str = "chunked"      # a name in SCHEDULING_POLICIES
     max_batch: int = 8           # running requests at most (decode batch size cap)
-    token_budget: int = 256      # chunked policies: tokens per iteration, decode tokens included
+    batch_tokens: int = 256      # chunked policies: tokens per iteration, decode tokens included (vLLM's
+                                 #   max_num_batched_tokens; not a router's token_budget, which is tokens read)
     prefill_chunk: int = 512     # unchunked policies: a prompt is appended in pieces of this many tokens
     admit: str = "prompt"        # "prompt": admit if the uncached prompt fits; "full": if prompt and output fit
 
     def __post_init__(self):
         make_policy(self.policy)
         check_int("max_batch", self.max_batch, lo=1)
-        check_int("token_budget", self.token_budget, lo=2)
+        check_int("batch_tokens", self.batch_tokens, lo=2)
         check_int("prefill_chunk", self.prefill_chunk, lo=1)
         if self.admit not in ("prompt", "full"):
             raise ValueError(f"admit must be 'prompt' or 'full', got {self.admit!r}")
@@ -147,8 +148,45 @@ class ServeResult:
                 "hit_rate": self.hit_rate, "preemptions": self.preemptions}
 
 
+@dataclass
+class _State:
+    """Where a run stands: the queues, the clock and what has been recorded."""
+
+    pending: deque                                  # requests not yet arrived, by arrival time
+    waiting: deque = field(default_factory=deque)   # arrived, not admitted (preempted ones at the head)
+    running: list = field(default_factory=list)
+    records: list = field(default_factory=list)
+    iterations: list = field(default_factory=list)
+    clock: float = 0.0
+    admitted: int = 0
+    preemptions: int = 0
+    hold: bool = False       # after a preemption, admit nothing until a request finishes (no thrashing)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.waiting or self.running)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one iteration does, decided before anything runs (`Scheduler.schedule`).
+
+    admit     waiting requests to start, in the policy's order (each on its cached prefix)
+    decode    running requests whose prompt is in: one token each, in one batched step
+    prefill   (request, tokens) prompt chunks, in admission order, within the iteration's token budget
+    """
+
+    admit: tuple[_Active, ...]
+    decode: tuple[_Active, ...]
+    prefill: tuple[tuple[_Active, int], ...]
+
+
 class Scheduler:
-    """Serves requests over `executor` (`serving.executors`) with the policy of `config`, bound once."""
+    """Serves requests over `executor` (an `Executor`: `serving.executors`) with the policy of `config`, bound once.
+
+    `run` is the loop: arrivals join the queue, `schedule` decides an iteration (`Decision`), `step` executes it
+    (preempting on a full pool) and advances the clock; an idle scheduler jumps to the next arrival.
+    """
 
     def __init__(self, executor, config: SchedulerConfig | None = None):
         self.ex = executor
@@ -156,111 +194,148 @@ class Scheduler:
         self.policy = make_policy(self.config.policy)
 
     def run(self, requests: list[ServeRequest], progress: bool = False) -> ServeResult:
-        c, ex, pol = self.config, self.ex, self.policy
-        pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.rid)))
-        waiting: deque[_Active] = deque()
-        running: list[_Active] = []
-        records, iterations = [], []
-        clock, admitted, preemptions = 0.0, 0, 0
-        bs = ex.block_size
+        state = _State(deque(sorted(requests, key=lambda r: (r.arrival_s, r.rid))))
+        self._limit = 10 * len(requests) + 10       # preemptions beyond this mean the pool cannot hold the batch
         bar = None
         if progress:
             from tqdm.auto import tqdm
-            bar = tqdm(total=len(requests), desc=f"serving ({c.policy})", leave=False)
-
-        hold = False         # after a preemption, admit nothing until a request finishes (no thrashing)
-
-        def preempt(victim: _Active) -> None:
-            nonlocal preemptions, hold
-            hold = True
-            if preemptions > 10 * len(requests) + 10:
-                raise RuntimeError(f"{preemptions} preemptions for {len(requests)} requests: the pool is too small "
-                                   f"for max_batch={c.max_batch}; raise num_blocks or lower max_batch")
-            running.remove(victim)
-            ex.finish(victim.handle)
-            victim.tokens = np.concatenate([victim.req.prompt.numpy(), np.asarray(victim.out, dtype=np.int64)])
-            victim.done, victim.handle = 0, None
-            victim.preemptions += 1
-            preemptions += 1
-            waiting.appendleft(victim)
-
-        while pending or waiting or running:
-            while pending and pending[0].arrival_s <= clock:
-                r = pending.popleft()
-                waiting.append(_Active(r, r.prompt.numpy(), 0, [], None, -1, []))
-            if not running and not waiting:
-                clock = pending[0].arrival_s
+            bar = tqdm(total=len(requests), desc=f"serving ({self.config.policy})", leave=False)
+        while state.busy:
+            while state.pending and state.pending[0].arrival_s <= state.clock:
+                r = state.pending.popleft()
+                state.waiting.append(_Active(r, r.prompt.numpy(), 0, [], None, -1, []))
+            if not state.running and not state.waiting:
+                state.clock = state.pending[0].arrival_s
                 continue
-            # -- admission ----------------------------------------------------------------
-            if (not pol.static or not running) and not (hold and running):
-                for w in pol.order(list(waiting), lambda a: ex.cached(a.tokens, a.req.namespace)):
-                    if len(running) >= c.max_batch:
-                        break
-                    hit = ex.cached(w.tokens, w.req.namespace)
-                    grow = len(w.tokens) - hit + (w.req.max_new_tokens - len(w.out) if c.admit == "full" else 1)
-                    need = math.ceil(grow / bs)            # a hit is whole blocks, so new blocks start at a boundary
-                    # the running requests' remaining prompts, plus one block each of headroom to grow into
-                    reserve = sum(ex.blocks_needed(a.handle, len(a.tokens) - a.done + 1) + 1 for a in running)
-                    if need > ex.free_blocks() - reserve:
-                        if running:
-                            break                      # head of line waits for blocks to free up
-                        raise RuntimeError(f"request {w.req.name!r} needs {need} blocks but the pool has "
-                                           f"{ex.free_blocks()} free with nothing running: raise num_blocks")
-                    w.handle, w.done = ex.start(w.tokens, w.req.namespace)
-                    if w.preemptions == 0:
-                        w.cached = w.done
-                    w.order, admitted = admitted, admitted + 1
-                    running.append(w)
-                    waiting.remove(w)
-            # -- one iteration of work ------------------------------------------------------
-            dur, ntok = 0.0, 0
-            decoders = [a for a in running if a.done == len(a.tokens)]
-            if decoders:
-                try:
-                    toks, dt = ex.decode([a.handle for a in decoders])
-                except StoreFullError:
-                    preempt(max(running, key=lambda a: a.order))
-                    continue
-                dur += dt
-                for a, t in zip(decoders, toks):
-                    a.out.append(int(t))
-            budget = c.token_budget - len(decoders) if pol.chunked else math.inf
-            for a in sorted((a for a in running if a.done < len(a.tokens)), key=lambda a: a.order):
-                left = len(a.tokens) - a.done
-                n = min(left, budget)
-                if n <= 0:
-                    break
-                step = n if pol.chunked else c.prefill_chunk
-                try:
-                    for i in range(0, n, step):
-                        m = min(step, n - i)
-                        dur += ex.prefill(a.handle, a.tokens[a.done:a.done + m])
-                        a.done += m
-                        ntok += m
-                        ex.publish(a.handle)          # its full blocks are shareable from now on
-                except StoreFullError:
-                    preempt(max(running, key=lambda a: a.order))
-                    break
-                budget -= n
-            end = clock + dur
-            for a in decoders:
-                if a in running:
-                    a.times.append(end)
-            iterations.append(Iteration(clock, dur, len(decoders), ntok, ex.used_blocks(), len(running), len(waiting)))
-            clock = end
-            for a in [a for a in running if len(a.out) >= a.req.max_new_tokens]:
-                hold = False
-                running.remove(a)
-                ex.finish(a.handle)
-                r = a.req
-                records.append(RequestRecord(r.rid, r.name, r.arrival_s, len(r.prompt), a.cached, a.out, a.times,
-                                             a.preemptions))
-                if bar is not None:
-                    bar.update(1)
+            done = self.step(state, self.schedule(state))
+            if bar is not None:
+                bar.update(done)
         if bar is not None:
             bar.close()
-        records.sort(key=lambda r: r.rid)
-        return ServeResult(c.policy, records, iterations, ex.hit_rate, preemptions)
+        state.records.sort(key=lambda r: r.rid)
+        return ServeResult(self.config.policy, state.records, state.iterations, self.ex.hit_rate, state.preemptions)
+
+    # -- decide ---------------------------------------------------------------------------------
+    def schedule(self, state: _State) -> Decision:
+        """Admission (the policy's order; a request is admitted when a slot is free and the pool holds its prompt
+        beyond the cached prefix, with headroom for the running requests), then the iteration's work: a decode
+        token for each request whose prompt is in, and prompt chunks within the token budget. Changes nothing."""
+        c, ex, pol = self.config, self.ex, self.policy
+        admit = []
+        if (not pol.static or not state.running) and not (state.hold and state.running):
+            slots = c.max_batch - len(state.running)
+            reserve, free = self._reserved(state.running), ex.free_blocks()
+            for w in pol.order(list(state.waiting), lambda a: ex.cached(a.tokens, a.req.namespace)):
+                if len(admit) >= slots:
+                    break
+                need = self._need(w)
+                if need > free - reserve:
+                    if state.running or admit:
+                        break                      # head of line waits for blocks to free up
+                    raise RuntimeError(f"request {w.req.name!r} needs {need} blocks but the pool has "
+                                       f"{free} free with nothing running: raise num_blocks")
+                admit.append(w)
+                reserve += need + 1                # it holds its prompt now, and grows like the others
+        decode = tuple(a for a in state.running if a.done == len(a.tokens))
+        budget = c.batch_tokens - len(decode) if pol.chunked else math.inf
+        chunks = []
+        # running requests in admission order, then the ones admitted now in the order they start (a request not
+        # started has no handle; it starts on its cached prefix)
+        prefilling = sorted((a for a in state.running if a.done < len(a.tokens)), key=lambda a: a.order) + admit
+        for a in prefilling:
+            left = len(a.tokens) - (a.done if a.handle is not None else ex.cached(a.tokens, a.req.namespace))
+            n = min(left, budget)
+            if n <= 0:
+                break
+            chunks.append((a, n))
+            budget -= n
+        return Decision(tuple(admit), decode, tuple(chunks))
+
+    # -- execute --------------------------------------------------------------------------------
+    def step(self, state: _State, d: Decision) -> int:
+        """Run one iteration as decided: start the admitted requests, the decode step, the prompt chunks (in pieces
+        of `prefill_chunk` for unchunked policies, each published to the prefix cache), then release what finished.
+        A full pool preempts the newest request: a failed decode skips the rest of the iteration, a failed chunk
+        the chunks after it. Returns the requests that finished."""
+        c, ex = self.config, self.ex
+        for i, w in enumerate(d.admit):
+            # re-checked with the pool as it is now: a start before this one may have taken cached (evictable) blocks
+            if i and self._need(w) > ex.free_blocks() - self._reserved(state.running):
+                break
+            w.handle, w.done = ex.start(w.tokens, w.req.namespace)
+            if w.preemptions == 0:
+                w.cached = w.done
+            w.order, state.admitted = state.admitted, state.admitted + 1
+            state.running.append(w)
+            state.waiting.remove(w)
+        dur, ntok = 0.0, 0
+        if d.decode:
+            try:
+                toks, dt = ex.decode([a.handle for a in d.decode])
+            except StoreFullError:
+                self._preempt(state)
+                return 0
+            dur += dt
+            for a, t in zip(d.decode, toks):
+                a.out.append(int(t))
+        for a, n in d.prefill:
+            if a.handle is None:                  # a proposed admission that did not fit after all
+                break
+            step = n if self.policy.chunked else c.prefill_chunk
+            try:
+                for i in range(0, n, step):
+                    m = min(step, n - i)
+                    dur += ex.prefill(a.handle, a.tokens[a.done:a.done + m])
+                    a.done += m
+                    ntok += m
+                    ex.publish(a.handle)          # its full blocks are shareable from now on
+            except StoreFullError:
+                self._preempt(state)
+                break
+        end = state.clock + dur
+        for a in d.decode:
+            if a in state.running:
+                a.times.append(end)
+        state.iterations.append(Iteration(state.clock, dur, len(d.decode), ntok, ex.used_blocks(), len(state.running),
+                                          len(state.waiting)))
+        state.clock = end
+        finished = [a for a in state.running if len(a.out) >= a.req.max_new_tokens]
+        for a in finished:
+            state.hold = False
+            state.running.remove(a)
+            ex.finish(a.handle)
+            r = a.req
+            state.records.append(RequestRecord(r.rid, r.name, r.arrival_s, len(r.prompt), a.cached, a.out, a.times,
+                                               a.preemptions))
+        return len(finished)
+
+    def _need(self, w: _Active) -> int:
+        """Blocks a waiting request needs to start: its prompt beyond the cached prefix, and one token to grow into
+        (or its whole output, with admit="full"). A hit is whole blocks, so new blocks start at a boundary."""
+        c = self.config
+        hit = self.ex.cached(w.tokens, w.req.namespace)
+        grow = len(w.tokens) - hit + (w.req.max_new_tokens - len(w.out) if c.admit == "full" else 1)
+        return math.ceil(grow / self.ex.block_size)
+
+    def _reserved(self, running: list[_Active]) -> int:
+        """Blocks held back for the running requests: their remaining prompts, plus one block each to grow into."""
+        return sum(self.ex.blocks_needed(a.handle, len(a.tokens) - a.done + 1) + 1 for a in running)
+
+    def _preempt(self, state: _State) -> None:
+        """Release the most recently admitted request (its blocks cached) and requeue it at the head, its prompt
+        extended by what it generated; admission pauses until a request finishes."""
+        state.hold = True
+        if state.preemptions > self._limit:
+            raise RuntimeError(f"{state.preemptions} preemptions: the pool is too small for "
+                               f"max_batch={self.config.max_batch}; raise num_blocks or lower max_batch")
+        victim = max(state.running, key=lambda a: a.order)
+        state.running.remove(victim)
+        self.ex.finish(victim.handle)
+        victim.tokens = np.concatenate([victim.req.prompt.numpy(), np.asarray(victim.out, dtype=np.int64)])
+        victim.done, victim.handle = 0, None
+        victim.preemptions += 1
+        state.preemptions += 1
+        state.waiting.appendleft(victim)
 
 
 def solo_tokens(engine, request: ServeRequest) -> list[int]:

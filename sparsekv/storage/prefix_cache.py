@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 from ..core.checks import check_choice
+from .block_table import BlockTable, Sequence
 from .eviction import POLICIES, EvictionPolicy
-from .store import BlockStore, Sequence
+from .store import BlockStore
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ class _Meta:
 
 
 class PrefixCache:
-    """Maps chained block hashes to physical blocks of one `BlockStore`.
+    """Maps chained block hashes to physical blocks of one `BlockStore`, or of a bare `BlockTable` (what the
+    serving simulator and the workload replays use: the same hits and evictions, no tensors).
 
     Invariants:
     1. A digest maps to at most one block and a cached block to exactly one digest; the
@@ -106,18 +108,22 @@ class PrefixCache:
 
     def __init__(self, store: BlockStore, policy: str = "lru", high_watermark: float | None = None,
                  low_watermark: float | None = None, protect: float = 4.0, window: int = 64):
-        if not isinstance(store, BlockStore):
-            raise TypeError(f"store must be a BlockStore, got {type(store).__name__}")
+        if isinstance(store, BlockStore):
+            self.table = store.table
+        elif isinstance(store, BlockTable):
+            self.table, store = store, None
+        else:
+            raise TypeError(f"store must be a BlockStore or a BlockTable, got {type(store).__name__}")
         check_choice("policy", policy, POLICIES)
         if (high_watermark is None) != (low_watermark is None):
             raise ValueError("set both high_watermark and low_watermark, or neither")
         if high_watermark is not None and not 0 < low_watermark <= high_watermark <= 1:
             raise ValueError(f"watermarks must satisfy 0 < low <= high <= 1, got low={low_watermark}, high={high_watermark}")
-        if store.pool.evictor is not None:
+        if self.table.pool.evictor is not None:
             raise ValueError("store already has a prefix cache")
-        self.store, self.policy, self.protect = store, policy, protect
+        self.store, self.policy, self.protect = store, policy, protect        # store: None over a bare table
         self._policy: EvictionPolicy = POLICIES[policy](protect=protect)          # bound once
-        self.block_size = store.config.block_size
+        self.block_size = self.table.block_size
         self.high, self.low = high_watermark, low_watermark
         self._by_digest: dict[bytes, int] = {}
         self._meta: dict[int, _Meta] = {}
@@ -129,7 +135,7 @@ class PrefixCache:
         self._clock = itertools.count(1)
         self._tie = itertools.count()
         self.stats = CacheStats(recent=deque(maxlen=window))
-        store.pool.evictor = self
+        self.table.pool.evictor = self
 
     # -- hashing ----------------------------------------------------------------------------
     @staticmethod
@@ -186,7 +192,7 @@ class PrefixCache:
     def attach(self, seq: Sequence, token_ids, namespace=None) -> int:
         """Start empty `seq` on the cached prefix of `token_ids`; returns the cached token count."""
         m = self.match(token_ids, namespace)
-        self.store.attach(seq, m.block_ids)
+        self.table.attach(seq, m.block_ids)
         now = next(self._clock)
         for b in m.block_ids:
             meta = self._meta[b]
@@ -200,7 +206,7 @@ class PrefixCache:
         Called again on a longer `seq` (a server publishes a prompt chunk by chunk), it hashes only the blocks
         that became full since: a live sequence's full blocks never change (they are append-only).
         """
-        self.store.check_seq(seq)
+        self.table.check_seq(seq)
         ids = _as_int64(token_ids)
         if len(ids) != seq.num_tokens:
             raise ValueError(f"token_ids must be the sequence's {seq.num_tokens} tokens, got {len(ids)}")
@@ -216,6 +222,9 @@ class PrefixCache:
         for i in range(start, n_full):
             d = hashlib.sha256(parent + raw[(i - start) * step:(i - start + 1) * step]).digest()
             b = table[i]
+            if b < 0:                           # released by a sliding window: the chain goes on, nothing to cache
+                parent = d
+                continue
             known = self._by_digest.get(d)
             if known is None and b not in self._meta:
                 self._by_digest[d] = b
@@ -226,7 +235,7 @@ class PrefixCache:
                 self._meta[known].last_access = now
             parent = d
         self._chains[seq.seq_id] = (n_full, parent, repr(namespace), seq)
-        if len(self._chains) > 4 * len(self.store.sequences) + 64:          # forget sequences that were freed
+        if len(self._chains) > 4 * len(self.table.sequences) + 64:          # forget sequences that were freed
             self._chains = {k: v for k, v in self._chains.items() if v[3].alive}
         return added
 
@@ -241,20 +250,20 @@ class PrefixCache:
             if b is None:
                 break
             blocks.append(b)
-        self.store.pool.incref(blocks)
+        self.table.pool.incref(blocks)
         self._pins[name] = blocks
         return len(blocks)
 
     def unpin(self, name: str) -> None:
         if name not in self._pins:
             raise ValueError(f"name {name!r} is not pinned; pinned: {sorted(self._pins)}")
-        self.store.pool.decref(self._pins.pop(name))
+        self.table.pool.decref(self._pins.pop(name))
 
     def spill(self) -> int:
         """Move the hot tiles of every evictable (released, still cached) block to the store's cold tier,
         as LMCache's local-disk backend does: the blocks keep their digests and still hit, and a hit reads
-        them back exactly. Returns the tiles moved (0 without a cold tier)."""
-        return self.store.spill(list(self._evictable))
+        them back exactly. Returns the tiles moved (0 without a cold tier, or over a bare table)."""
+        return 0 if self.store is None else self.store.spill(list(self._evictable))
 
     def maintain(self) -> int:
         """Background eviction: above the high watermark (occupied share of blocks), evict
@@ -263,11 +272,11 @@ class PrefixCache:
         With a cold tier, evictable blocks are spilled to it first (`spill`): hot memory goes back to
         the hot tier while the blocks stay cached; the watermarks then bound the blocks the cache holds
         in both tiers, and only eviction forgets."""
-        if self.store.tiers is not None:
+        if self.store is not None and self.store.tiers is not None:
             self.spill()
         if self.high is None:
             return 0
-        pool = self.store.pool
+        pool = self.table.pool
         occupied = pool.num_blocks - len(pool.free_queue())
         if occupied <= self.high * pool.num_blocks:
             return 0
@@ -306,7 +315,7 @@ class PrefixCache:
         per_ns: dict = {}
         for m in self._meta.values():
             per_ns[repr(m.namespace)] = per_ns.get(repr(m.namespace), 0) + 1
-        pool = self.store.pool
+        pool = self.table.pool
         return {"namespaces": per_ns, "pinned": {k: len(v) for k, v in self._pins.items()},
                 "cached": len(self._meta), "evictable": self.num_evictable,
                 "free": len(pool.free_queue()), "used": pool.num_used, "total": pool.num_blocks}
@@ -361,3 +370,13 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     n = min(len(a), len(b))
     diff = np.nonzero(a[:n] != b[:n])[0]
     return a[: (diff[0] if len(diff) else n)]
+
+
+def make_prefix_cache(store, **kwargs):
+    """The prefix cache for a store: a `PrefixCache` over a `BlockStore` (or a bare `BlockTable`), or a
+    `HybridPrefixCache` over a `HybridStore` (whose hits must be valid for every layer group)."""
+    from .hybrid import HybridStore
+    if isinstance(store, HybridStore):
+        from .hybrid_cache import HybridPrefixCache
+        return HybridPrefixCache(store, **kwargs)
+    return PrefixCache(store, **kwargs)

@@ -1,4 +1,4 @@
-"""Live explorers for JupyterLab: controls that recompute (`analysis.explore`) and redraw on every change.
+"""Live explorers for JupyterLab: controls that recompute (`studies.explore`) and redraw on every change.
 
     routing_explorer()          router, budget, block size, needle strength, channels, depth
     prefix_cache_explorer()     timestamp position, tool order, an edited history line, block size
@@ -20,8 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..analysis import explore
 from ..routing.router import Router
+from ..studies import explore
 from . import viz
 
 READOUT, FIGURE = "sparsekv-readout", "sparsekv-figure"
@@ -88,6 +88,7 @@ def routing_explorer(scorer: str = "minmax", token_budget: int = 512, block_size
                      channels: int = 8, depth: float = 0.5, length: int = 8192, save=None) -> Explorer:
     """Plant a needle, route one decode query, and compare the router's blocks with the oracle's."""
     import ipywidgets as w
+
     from ..routing.scorers import SCORERS
     c = {"scorer": w.Dropdown(options=sorted(SCORERS), value=scorer, description="router"),
          "token_budget": w.Dropdown(options=sorted({128, 256, 512, 1024, 2048, token_budget}), value=token_budget,

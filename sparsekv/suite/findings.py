@@ -242,7 +242,7 @@ FINDINGS.append(
 
 def _crossover(m: Metrics) -> str:
     """Where reloading a spilled prefix starts to beat recomputing it, in words (the notebook's own wording)."""
-    from ..analysis.tiering import crossover_words
+    from ..studies.tiering import crossover_words
     lengths = [int(k.split(".")[1]) for k in m[N10] if k.startswith("ttft.") and k.endswith(".recompute_ms")]
     return crossover_words(m[N10]["ttft.crossover_tokens"], lengths)
 

@@ -100,6 +100,7 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
     neighbour then costs its core, not a stall at every parallel op).
     """
     import papermill as pm
+
     from . import threads
     env = dict(env or {})
     env.setdefault("OMP_NUM_THREADS", str(threads.choose()))
@@ -140,7 +141,8 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
 
     cpu: a configuration of `suite.cpuconfig` the notebooks' kernels are forced into ("native": none).
     """
-    from . import cpuconfig, regression as baselines
+    from . import cpuconfig
+    from . import regression as baselines
     env = cpuconfig.environment(cpu)
     if mode not in ("run", "smoke", "baseline"):
         raise ValueError(f"mode must be 'run', 'smoke' or 'baseline', got {mode!r}")

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import torch
 
+from ..analysis.metrics import attention_mass_recall
+from ..analysis.observe import observe_decode
+from ..analysis.probes import ProbeConfig, needle
 from ..routing.mass import block_attention_mass
 from ..routing.router import Router
 from ..storage.store import BlockStore, Sequence, StoreConfig
-from .longctx import observe_decode
-from .metrics import attention_mass_recall
-from .probes import ProbeConfig, needle
 
 
 def picked_tiles(blocks: torch.Tensor) -> set[tuple[int, int]]:

@@ -26,8 +26,8 @@ import random
 
 import torch
 
-from . import corpus
-from .workloads import Request, Trace
+from ..analysis import corpus
+from ..analysis.workloads import Request, Trace
 
 LAYOUTS = ("template", "segmented")
 _MARK = "\x00SPARSEKV-MSG{}\x00"

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..analysis import peers, turns
 from ..core.traffic import cache_bytes
 from ..model.engine import Engine
 from ..routing.router import Router
 from ..routing.scorers import SCORERS
 from ..storage.summaries import summary_vectors
-from . import peers, turns
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..analysis import metrics, probes, sweeps
+from ..core.checks import check_int
 from ..routing.mass import block_attention_mass
 from ..routing.router import Router
+from ..storage.block_table import BlockTable
 from ..storage.prefix_cache import Explanation, PrefixCache
-from ..storage.store import BlockStore, StoreConfig
-from . import metrics, probes, study
-
 
 # -- routing -------------------------------------------------------------------------------------
 
@@ -59,7 +59,7 @@ def routing_view(scorer: str = "minmax", token_budget: int = 512, block_size: in
     cfg = probes.ProbeConfig(length=length, num_kv_heads=num_kv_heads, gqa=4, head_dim=head_dim, strength=strength,
                              channels=channels, seed=seed)
     probe = probes.needle(cfg, depth, block_size=block_size)
-    store, seq = study.probe_store(probe, block_size)
+    store, seq = sweeps.probe_store(probe, block_size)
     router = Router(scorer, token_budget=token_budget)
     sel = router.select(probe.q, store, seq, 0)
     mass = block_attention_mass(probe.q, store, seq, 0)                               # [Hq, nb]
@@ -163,14 +163,12 @@ def prefix_view(base: Segments, edited: Segments, block_size: int = 16, tok=None
     base_ids, _ = ids_of(base)
     ids, spans = ids_of(edited)
     n = max(len(base_ids), len(ids))
-    store = BlockStore(StoreConfig(num_layers=1, num_kv_heads=1, head_dim=1, block_size=block_size,
-                                   num_blocks=2 * (-(-n // block_size)) + 2, summaries=(), repr_keys=0))
-    cache = PrefixCache(store)
-    seq = store.new_sequence()
-    zeros = torch.zeros(1, len(base_ids), 1, 1)
-    store.append(seq, zeros, zeros)
+    table = BlockTable(block_size, 2 * (-(-n // block_size)) + 2)     # the cache's bookkeeping, no K/V
+    cache = PrefixCache(table)
+    seq = table.new_sequence()
+    table.reserve(seq, len(base_ids))
     cache.insert(seq, base_ids)
-    store.free(seq)
+    table.free(seq)
     m = cache.match(ids)
     why = cache.explain(ids)
     full = len(ids) // block_size
@@ -199,7 +197,7 @@ def facts_document(tok, length: int = 512, kind: str = "filler", seed: int = 0) 
     kind: "filler" (the passkey literature's repeated filler, as notebook 09's passkey task) or "prose" (real
     docstrings from the standard library, `analysis.corpus`; SmolLM2-135M often misses facts in it even densely).
     """
-    from . import corpus, turns
+    from ..analysis import corpus, turns
     rng = np.random.default_rng(seed)
     key, code = int(rng.integers(10000, 99999)), int(rng.integers(10000, 99999))
     if kind == "filler":
@@ -221,20 +219,27 @@ class ReadsSession:
     """The real model over one shipped document: prefilled once, then asked questions.
 
     The prompt is the model's chat template around one user message, "Read the text below." then the
-    document, then the question; the document (and the template before it) is prefilled once.
-    view(question, routers, layer) prefills the question and the template's tail on a fork of it (cached
-    per question) and decodes `answer_tokens` greedy tokens densely and with each router.
+    document, then the question; a base model without a chat template (Gemma 3 270M) gets the completion form,
+    BOS, "Read the text below.", the document, then "Question: <question>\nAnswer:". The document (and what
+    comes before it) is prefilled once. view(question, routers, layer) prefills the question and the tail on a
+    fork of it (cached per question) and decodes `answer_tokens` greedy tokens densely and with each router.
+    On a hybrid model only the global layers are routed, so only they have selections to shade.
     """
 
     def __init__(self, engine, tok, document_ids, answer_tokens: int = 8):
-        if not engine.record_selections:
+        if not engine.config.record_selections:
             raise ValueError("engine must be built with record_selections=True")
         self.engine, self.tok, self.answer_tokens = engine, tok, answer_tokens
-        text = tok.apply_chat_template([{"role": "user", "content": f"Read the text below.\n\n{_DOC}\n\n{_Q}"}],
-                                       add_generation_prompt=True, tokenize=False)
-        head, rest = text.split(_DOC)
+        if getattr(tok, "chat_template", None) is None:
+            head, rest = "Read the text below.\n\n", f"\n\nQuestion: {_Q}\nAnswer:"
+            lead = [tok.bos_token_id]
+        else:
+            text = tok.apply_chat_template([{"role": "user", "content": f"Read the text below.\n\n{_DOC}\n\n{_Q}"}],
+                                           add_generation_prompt=True, tokenize=False)
+            head, rest = text.split(_DOC)
+            lead = []
         self._between, self._tail = rest.split(_Q)
-        self.doc = list(tok.encode(head, add_special_tokens=False)) + [int(t) for t in document_ids]
+        self.doc = lead + list(tok.encode(head, add_special_tokens=False)) + [int(t) for t in document_ids]
         bs = engine.store.config.block_size
         self.block_texts = [tok.decode(self.doc[i:i + bs]) for i in range(0, len(self.doc), bs)]
         self.root = engine.new_sequence()
@@ -255,6 +260,11 @@ class ReadsSession:
     def view(self, question: str, routers: dict[str, Router], layer: int | None = None) -> ReadsView:
         if not question.strip():
             raise ValueError("question must be non-empty text")
+        if layer is not None:
+            check_int("layer", layer, lo=0, hi=self.engine.store.config.num_layers - 1)
+            if self.engine.store.view(self.root, layer).window:
+                raise ValueError(f"layer {layer} is a sliding-window layer: it reads its whole window and is never "
+                                 "routed; pick a global layer, or None for all of them")
         seq = self._question_seq(question)
         nb = len(self.block_texts)
         answers, weights = {}, {}

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import statistics
 
-from . import corpus
-
-from . import longctx
+from ..analysis import corpus, observe
+from ..analysis import prompts as probe_text      # not `prompts`: passkey_grid's count is called that
 from ..model.engine import Engine
 from ..routing.router import Router
 
@@ -41,16 +40,16 @@ def passkey_grid(engine: Engine, tok, lengths, prompts: int, routers: dict, seed
     """
     import random
     rng = random.Random(seed)
-    filler = tok(longctx.PASSKEY_FILLER * (max(lengths) // 8 + 16), add_special_tokens=False)["input_ids"]
+    filler = tok(probe_text.PASSKEY_FILLER * (max(lengths) // 8 + 16), add_special_tokens=False)["input_ids"]
     depths = [0.05 + 0.9 * i / max(1, prompts - 1) for i in range(prompts)][::-1]      # deepest first
     rows = []
     bar = _bar(len(lengths) * prompts, "passkey prompts", progress)
     for L in lengths:
         for d in depths:
-            probe = longctx.passkey(tok, L, d, rng.randrange(10000, 99999), filler)
-            seq = longctx.prefill_probe(engine, probe.ids)
+            probe = probe_text.passkey(tok, L, d, rng.randrange(10000, 99999), filler)
+            seq = observe.prefill_probe(engine, probe.ids)
             for name, r in routers.items():
-                a = longctx.score_answer(engine, seq, probe.ids[-1], probe.answer, r)
+                a = observe.score_answer(engine, seq, probe.ids[-1], probe.answer, r)
                 rows.append({"length": L, "depth": d, "method": name, "correct": float(a.correct), "steps": a.steps,
                              "step_s": statistics.median(a.step_seconds)})
             engine.finish(seq)
@@ -66,10 +65,10 @@ def needle_grid(engine: Engine, tok, kinds, length: int, depths, routers: dict, 
     for kind in kinds:
         hay = tok(corpus.haystack(kind), add_special_tokens=False)["input_ids"]
         for i, d in enumerate(depths):
-            probe = longctx.text_needle(tok, hay, kind, length, d, seed=i)
-            seq = longctx.prefill_probe(engine, probe.ids)
+            probe = probe_text.text_needle(tok, hay, kind, length, d, seed=i)
+            seq = observe.prefill_probe(engine, probe.ids)
             for name, r in routers.items():
-                a = longctx.score_answer(engine, seq, probe.ids[-1], probe.answer, r)
+                a = observe.score_answer(engine, seq, probe.ids[-1], probe.answer, r)
                 rows.append({"kind": kind, "depth": d, "method": name, "correct": float(a.correct)})
             engine.finish(seq)
             bar.update()
@@ -85,7 +84,6 @@ def document_grid(engine: Engine, tok, kinds, length: int, tail: int, routers: d
     Returns (loss rows {kind, method, dense_layers, nll, step_s}, anatomy rows {kind, step, layer, ...}).
     """
     loss_rows, anat_rows = [], []
-    keep = engine.dense_layers
     runs = [("dense", None, 0)] + [(n, r, dl) for dl in dense_layers for n, r in routers.items() if r is not None]
     bar = _bar(len(kinds) * len(runs), "long documents", progress)
     try:
@@ -93,16 +91,14 @@ def document_grid(engine: Engine, tok, kinds, length: int, tail: int, routers: d
             ids = corpus.take(tok, corpus.haystack(kind), length)
             seq = engine.new_sequence()
             engine.prefill(seq, ids[:length - tail - 1])
-            for row in longctx.anatomy(engine, seq, ids[length - tail - 1:][:anatomy_steps], anatomy_routers):
+            for row in observe.anatomy(engine, seq, ids[length - tail - 1:][:anatomy_steps], anatomy_routers):
                 anat_rows.append({"kind": kind, **row})
             for name, r, dl in runs:
-                engine.dense_layers = dl
-                nll, secs = longctx.tail_nll(engine, seq, ids[length - tail - 1:], r)
+                nll, secs = observe.tail_nll(engine, seq, ids[length - tail - 1:], r, dense_layers=dl)
                 loss_rows.append({"kind": kind, "method": name, "dense_layers": dl, "nll": nll,
                                   "step_s": statistics.median(secs)})
                 bar.update()
             engine.finish(seq)
     finally:
-        engine.dense_layers = keep
         bar.close()
     return loss_rows, anat_rows

@@ -2,13 +2,14 @@
 and reloading a spilled prefix against recomputing it.
 
     trace = record_trace(engine, token_ids, prompt_len)          # a routed decode's selections and masses
-    replay(trace, hot_blocks=32, depth=4, cold_dir=d)            # the real TierTable over that trace
+    replay_trace(trace, hot_blocks=32, depth=4, cold_dir=d)      # the real TierTable over that trace
     decode_runs(model, router, prompt, steps, [TierSetting("all hot"), TierSetting("hot 32", 32, 4)], cold_dir=d)
     ttft_reload(model, prompt, prefix_len, cold_dir=d)           # recompute vs hot hit vs reload from disk
 
-`replay` drives a `BlockStore` whose tiles are one byte wide through the trace: the placement, prefetch
-and accounting are the store's own (`storage.tiers`); only the tile contents are dummies, since hit
-rates depend on which blocks are read, not on what they hold. Between steps it waits for prefetches to
+`replay_trace` drives a `BlockStore` whose tiles are one element wide through the trace: its writes, placement,
+prefetch and accounting are the store's own tiered residency (`storage.residency`, `storage.tiers`), which is
+what is measured, so it is a real store and not a bare `BlockTable`; only the tile contents are dummies, since
+hit rates depend on which blocks are read, not on what they hold. Between steps it waits for prefetches to
 finish, i.e. it assumes a step's compute hides one prefetch; `decode_runs` measures on the real model
 whether it does (the stall that remains).
 """
@@ -25,12 +26,13 @@ import torch
 from ..model.engine import Engine
 from ..model.model import Model
 from ..routing.router import Router
+from ..routing.selectors import ranked_blocks
 from ..storage.store import BlockStore, StoreConfig
 from ..storage.tiers import HOT
 
 
 @dataclass(frozen=True)
-class Trace:
+class RoutingTrace:
     """Routed decode steps of one sequence: per step, per store layer, the blocks read and the router's mass.
 
     steps[t][layer] = (blocks [H, K] int64 logical, -1 padded; mass [H, nb_t] float32), nb_t the step's blocks.
@@ -52,10 +54,10 @@ class Trace:
         return float(np.mean([len(np.unique(b[b >= 0])) for s in self.steps for b, _ in s.values()]))
 
 
-def record_trace(engine: Engine, token_ids, prompt_len: int, name: str = "") -> Trace:
+def record_trace(engine: Engine, token_ids, prompt_len: int, name: str = "") -> RoutingTrace:
     """Prefill `token_ids[:prompt_len]`, then feed the rest one token at a time through the engine's router,
     recording each step's selection and mass. The engine must have `record_selections=True` and a router."""
-    if not engine.record_selections or engine.router is None:
+    if not engine.config.record_selections or engine.router is None:
         raise ValueError("engine must be built with a router and record_selections=True to record a trace")
     ids = torch.as_tensor(token_ids, dtype=torch.long)
     if not 1 <= prompt_len < len(ids):
@@ -67,7 +69,7 @@ def record_trace(engine: Engine, token_ids, prompt_len: int, name: str = "") -> 
              for s in engine.stats(seq).steps]
     engine.finish(seq)
     c = engine.store.config
-    return Trace(name, c.block_size, c.num_layers, c.num_kv_heads, prompt_len, steps)
+    return RoutingTrace(name, c.block_size, c.num_layers, c.num_kv_heads, prompt_len, steps)
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,13 @@ class ReplayResult:
 
 
 def predicted(blocks: np.ndarray, mass: np.ndarray, depth: int) -> np.ndarray:
-    """The logical blocks to read ahead: per kv head the K selected plus the `depth` ranked next by mass."""
-    K = blocks.shape[1] + depth
-    order = np.argsort(-mass, axis=1, kind="stable")[:, :K]
-    return np.unique(order)
+    """The logical blocks to read ahead: per kv head the K selected plus the `depth` ranked next by mass (the
+    engine's own choice, `routing.selectors.ranked_blocks`, on the recorded selection and mass)."""
+    ranked = ranked_blocks(torch.from_numpy(np.ascontiguousarray(mass)), blocks.shape[1] + depth)
+    return np.unique(ranked.numpy())
 
 
-def replay(trace: Trace, hot_blocks: int, depth: int = 0, placement: str = "lru", cold_dir=None) -> ReplayResult:
+def replay_trace(trace: RoutingTrace, hot_blocks: int, depth: int = 0, placement: str = "lru", cold_dir=None) -> ReplayResult:
     """Replay `trace` through a tiered store holding `hot_blocks` tiles per layer (see the module docstring)."""
     own = None
     if cold_dir is None:
@@ -102,10 +104,7 @@ def replay(trace: Trace, hot_blocks: int, depth: int = 0, placement: str = "lru"
                                    cold_dir=cold_dir, hot_blocks=hot_blocks, placement=placement))
     try:
         seq = store.new_sequence()
-        chunk = max(1, (hot_blocks - 1) * bs)
-        for i in range(0, trace.prompt_tokens, chunk):
-            n = min(chunk, trace.prompt_tokens - i)
-            store.append(seq, torch.zeros(L, n, 1, 1), torch.zeros(L, n, 1, 1))
+        store.append(seq, torch.zeros(L, trace.prompt_tokens, 1, 1), torch.zeros(L, trace.prompt_tokens, 1, 1))
         t = store.tiers
         reads = hits = misses = 0
         prefetched0 = t.cold.stats.prefetched

@@ -11,13 +11,13 @@ from typing import Callable, Iterable
 import torch
 
 from ..attention.decode import all_blocks, dense_attention, sparse_attention
-from ..routing.mass import block_attention_mass
-from .metrics import evaluate
-from .probes import Probe
 from ..core.profiling import median_time
 from ..core.tables import format_table  # noqa: F401  (notebooks call study.format_table)
+from ..routing.mass import block_attention_mass
 from ..routing.router import Router
 from ..storage.store import BlockStore, Sequence, StoreConfig
+from .metrics import evaluate
+from .probes import Probe
 
 
 def probe_store(probe: Probe, block_size: int, dtype="float32", num_layers: int = 1,

@@ -1,5 +1,5 @@
 """Notebook 11's runs: each policy on the real engine, the simulator calibrated on some of them and checked on
-the rest, rate sweeps, and the seed-000 metrics table."""
+the rest, rate sweeps, and the served-system metrics table."""
 from __future__ import annotations
 
 import math
@@ -10,9 +10,9 @@ import numpy as np
 from ..model.engine import Engine
 from ..model.model import Model
 from ..routing.router import Router
-from .executors import CostModel, EngineExecutor, SimExecutor
-from .scheduler import Scheduler, SchedulerConfig, ServeResult, solo_tokens
-from .trace import ServeRequest
+from ..serving.executors import CostModel, EngineExecutor, SimExecutor
+from ..serving.scheduler import Scheduler, SchedulerConfig, ServeResult, solo_tokens
+from ..serving.trace import ServeRequest
 
 
 @dataclass
@@ -28,12 +28,12 @@ class Served:
 
 
 def serve(model: Model, requests: list[ServeRequest], policy: str, router: Router | None, budget: int | None,
-          rate: float, block_size: int = 16, num_blocks: int = 2048, max_batch: int = 4, token_budget: int = 256,
+          rate: float, block_size: int = 16, num_blocks: int = 2048, max_batch: int = 4, batch_tokens: int = 256,
           solo: list[list[int]] | None = None) -> Served:
     """Run `requests` on a fresh engine with a prefix cache; compare with `solo` tokens when given."""
     engine = Engine(model, block_size=block_size, num_blocks=num_blocks, progress=False, prefix_cache=True)
     ex = EngineExecutor(engine, router, budget)
-    res = Scheduler(ex, SchedulerConfig(policy=policy, max_batch=max_batch, token_budget=token_budget)).run(requests)
+    res = Scheduler(ex, SchedulerConfig(policy=policy, max_batch=max_batch, batch_tokens=batch_tokens)).run(requests)
     parity = -1 if solo is None else sum(r.tokens == s for r, s in zip(res.records, solo))
     leaked = engine.store.pool.num_used
     if leaked:
@@ -48,9 +48,9 @@ def solos(model: Model, requests: list[ServeRequest], router: Router | None, blo
 
 
 def simulate(cost: CostModel, requests: list[ServeRequest], policy: str, budget: int | None, block_size: int = 16,
-             num_blocks: int = 2048, max_batch: int = 4, token_budget: int = 256) -> ServeResult:
+             num_blocks: int = 2048, max_batch: int = 4, batch_tokens: int = 256) -> ServeResult:
     ex = SimExecutor(cost, block_size, num_blocks, prefix_cache=True, budget=budget)
-    return Scheduler(ex, SchedulerConfig(policy=policy, max_batch=max_batch, token_budget=token_budget)).run(requests)
+    return Scheduler(ex, SchedulerConfig(policy=policy, max_batch=max_batch, batch_tokens=batch_tokens)).run(requests)
 
 
 def relative_errors(real: ServeResult, sim: ServeResult) -> dict[str, float]:
@@ -61,7 +61,7 @@ def relative_errors(real: ServeResult, sim: ServeResult) -> dict[str, float]:
 
 
 def metrics_row(s: Served, block_size: int) -> dict[str, float]:
-    """Seed 000's served-system metrics for one run."""
+    """The served-system metrics of one run: TTFT and TPOT percentiles, prefix hits, blocks read per step."""
     sm = s.result.summary()
     dec = [o for o in s.ops if o.kind == "decode"]
     tokens = sum(o.tokens for o in dec)
