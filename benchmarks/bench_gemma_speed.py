@@ -7,7 +7,8 @@ The three numbers long-context serving is judged by, for each system at each len
   TTFT   wall time of the prefill that returns the first token's logits (transformers: one forward with
          `logits_to_keep=1`, its default attention (SDPA); sparsekv: `Engine.prefill`, chunks of 512);
   TPOT   median wall time of the next `--steps` greedy decode steps (dense), after one warm-up step;
-  memory the process's peak RSS, the same after loading the model (so the difference is what the request cost),
+  memory the process's peak RSS during the request and its RSS after loading the model (the peak is reset there, so
+         the difference is what the request cost),
          and the K/V the cache holds at the end (sparsekv: its sliding groups hold only their windows; transformers
          5.2's DynamicCache for Gemma 3 keeps its sliding layers' last window too).
 Each (system, length) runs in its own process, so peak RSS is that run's; the order alternates per length so drift
@@ -41,8 +42,29 @@ GGUF = ROOT / "data/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf"
 SYSTEMS = ("sparsekv", "transformers")
 
 
+def _status(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024                            # kB
+    except OSError:
+        pass
+    return None
+
+
+def start_request() -> int:
+    """The resident set now, with the peak reset to it (Linux: `clear_refs` 5 resets VmHWM), so that the peak read
+    at the end is the request's, not the model load's (loading the weights peaks higher than a short request)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return _status("VmRSS") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024          # Linux reports KiB
+    """The process's peak resident set since `start_request` (VmHWM), or since it started where that is unknown."""
+    return _status("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def prompt_ids(tok, n: int) -> list[int]:
@@ -54,7 +76,7 @@ def prompt_ids(tok, n: int) -> list[int]:
 def run_sparsekv(path: Path, ids: list[int], steps: int, chunk: int) -> dict:
     import sparsekv as sk
     model = sk.load_model(path)
-    base_rss = rss_bytes()
+    base_rss = start_request()
     eng = sk.Engine(model, block_size=16, num_blocks=len(ids) // 16 + 64, chunk_size=chunk, progress=False)
     seq = eng.new_sequence()
     t0 = time.perf_counter()
@@ -72,7 +94,7 @@ def run_transformers(path: Path, ids: list[int], steps: int, chunk: int) -> dict
 
     from sparsekv.model.checkpoint import converted_folder
     hf = AutoModelForCausalLM.from_pretrained(str(converted_folder(path)), dtype=torch.float32).eval()
-    base_rss = rss_bytes()
+    base_rss = start_request()
     x = torch.tensor([ids])
     with torch.inference_mode():
         t0 = time.perf_counter()
@@ -217,7 +239,9 @@ def main(argv=None) -> int:
             print(f"  prefill {case['prefill_speedup']:.2f}x, decode {case['decode_speedup']:.2f}x, "
                   f"same greedy tokens: {case['same_tokens']}", flush=True)
         cases.append(case)
-    out = {"date": str(date.today()), "torch": torch.__version__, "threads": args.threads, "model": args.model.name,
+    import transformers
+    out = {"date": str(date.today()), "torch": torch.__version__, "transformers": transformers.__version__,
+           "threads": args.threads, "model": args.model.name,
            "read_bandwidth_Bps": bw, "matmul_flops": rate, "steps": args.steps, "chunk": args.chunk, "cases": cases}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -4,6 +4,7 @@
     train ...                              train a recall model (recall.train)
     fetch [--root DIR]                     fetch and verify the real model (model.fetch)
     findings [--check]                     re-render the README findings from the metrics (suite.findings)
+    calibrate [--model M]                  calibrate the `labels` router's channels (analysis.calibrate)
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import importlib
 import sys
 
 COMMANDS = {"notebooks": "sparsekv.suite.runner", "train": "sparsekv.recall.train",
-            "fetch": "sparsekv.model.fetch", "findings": "sparsekv.suite.findings"}
+            "fetch": "sparsekv.model.fetch", "findings": "sparsekv.suite.findings",
+            "calibrate": "sparsekv.analysis.calibrate"}
 
 
 def main(argv: list[str] | None = None) -> int:

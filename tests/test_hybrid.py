@@ -498,3 +498,15 @@ def test_gemma_chunked_prefill_equals_one_shot(gemma, long_prompt):
     # the last layer's K/V after 17 layers of float32 rounding in another order: relative to their scale
     for x, y in ((ka, kb), (va, vb)):
         assert ((x - y).abs().max() / x.abs().max()).item() < 1e-4
+
+
+def test_prompt_counts_take_one_count_or_one_per_length():
+    from sparsekv.studies.hybrid import prompt_counts
+    assert prompt_counts([512, 1024], 3) == {512: 3, 1024: 3}
+    assert prompt_counts([512, 1024], {"512": 4, "1024": 2}) == {512: 4, 1024: 2}     # papermill's JSON keys
+    with pytest.raises(ValueError, match="missing \\[1024\\]"):
+        prompt_counts([512, 1024], {512: 4})
+    with pytest.raises(ValueError, match="at least 1"):
+        prompt_counts([512], {512: 0})
+    with pytest.raises(TypeError, match="n_prompts"):
+        prompt_counts([512], 2.5)

@@ -59,3 +59,18 @@ def test_kinds_default_to_numeric_and_unknown_names_are_rejected(tmp_path):
     assert rec["kinds"] == {"a": "exact", "b": "numeric"}
     with pytest.raises(ValueError, match="not recorded"):
         write_metrics(tmp_path / "m.json", "x", {"a": 1}, Checks(), headline=["zzz"])
+
+
+def test_a_rejected_hypothesis_is_recorded_and_does_not_fail_the_run(tmp_path):
+    from sparsekv.suite.report import Checks, write_metrics
+    checks = Checks()
+    checks.hypothesis("the fast band holds most of the slack", 0.16, ">", 0.5)
+    checks.hypothesis("the slow bound keeps more mass", 0.01, ">", 0)
+    checks.invariant("the slack splits exactly", 0.0, "==", 0)
+    rec = write_metrics(tmp_path / "m.json", "x", {"share": 0.16}, checks)
+    assert rec["checks"]["the fast band holds most of the slack"]["passed"] is False
+    assert rec["checks"]["the slow bound keeps more mass"]["passed"] is True
+    assert "REJECTED" in checks.verdicts() and "supported" in checks.verdicts()
+    checks.finding("a real finding", 0.0, ">", 1)
+    with pytest.raises(AssertionError, match="a real finding"):
+        write_metrics(tmp_path / "m.json", "x", {"share": 0.16}, checks)

@@ -11,8 +11,20 @@ from sparsekv import metrics, probes
 QUERY_AWARE = [n for n, c in sk.ROUTERS.items() if c.query_aware]
 
 
+def random_labels(L, H, D, r, seed=0):
+    """Random label channels (the `labels` scorer's calibration), r per kv head."""
+    from sparsekv.storage.summaries import LabelChannels
+    g = torch.Generator().manual_seed(1000 + seed)
+    return LabelChannels(tuple(tuple(tuple(torch.randperm(D, generator=g)[:r].tolist()) for _ in range(H))
+                               for _ in range(L)), "random")
+
+
 def random_setup(n=203, H=2, G=4, D=32, bs=16, seed=0, dtype=torch.float32):
-    store = make_store(layers=1, kv_heads=H, head_dim=D, block_size=bs, num_blocks=64, dtype=dtype, repr_keys=3)
+    """Every scorer's summaries, the label cache included (random channels, r = 2 D / bs: Quest's bytes)."""
+    from sparsekv.storage.summaries import DEFAULT_SUMMARIES
+    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs, num_blocks=64,
+                                         dtype=dtype, repr_keys=3, summaries=DEFAULT_SUMMARIES + ("klabel",),
+                                         labels=random_labels(1, H, D, 2 * D // bs, seed)))
     g = torch.Generator().manual_seed(seed)
     seq = store.new_sequence()
     store.append(seq, (2 * torch.randn(1, n, H, D, generator=g)).to(dtype), torch.randn(1, n, H, D, generator=g).to(dtype))
@@ -26,7 +38,7 @@ def probe_store(p, bs=16):
 
 
 def test_registry_lists_every_scorer():
-    assert set(sk.ROUTERS) == {"minmax", "mean", "repr", "oracle", "recency", "random"}
+    assert set(sk.ROUTERS) == {"minmax", "mean", "repr", "labels", "oracle", "recency", "random"}
 
 
 @pytest.mark.parametrize("scorer", QUERY_AWARE)
@@ -204,3 +216,109 @@ def test_metrics_on_known_selections():
     assert metrics.block_recall(torch.tensor([[0, 3], [1, -1]]), torch.tensor([[3, 5], [1, 2]])) == 0.5
     e = metrics.evaluate(sk.Router("oracle", top_k=seq.num_blocks), q, store, seq, 0)
     assert e.rel_error < 1e-6 and abs(e.mass_recall - 1) < 1e-5 and e.block_recall == 1.0
+
+
+# -- the label-channel router (Double Sparsity) --------------------------------------------------------------------
+
+def _labelled_store(L, H, D, bs, n, r, seed, dtype=torch.float32):
+    from sparsekv.storage.summaries import DEFAULT_SUMMARIES, LabelChannels
+    g = torch.Generator().manual_seed(seed)
+    ch = tuple(tuple(tuple(sorted(torch.randperm(D, generator=g)[:r].tolist())) for _ in range(H)) for _ in range(L))
+    labels = LabelChannels(ch, "random")
+    store = sk.BlockStore(sk.StoreConfig(num_layers=L, num_kv_heads=H, head_dim=D, block_size=bs,
+                                         num_blocks=n // bs + 4, dtype=dtype, labels=labels,
+                                         summaries=DEFAULT_SUMMARIES + ("klabel",)))
+    seq = store.new_sequence()
+    k = torch.randn(L, n, H, D, generator=g).to(dtype)
+    for i in range(0, n, 13):                                  # odd pieces: partial blocks rewritten
+        store.append(seq, k[:, i:i + 13], torch.randn(L, min(13, n - i), H, D, generator=g).to(dtype))
+    return store, seq, k, labels, g
+
+
+@pytest.mark.parametrize("G,D,r", [(1, 64, 8), (3, 64, 8), (8, 128, 16), (2, 256, 32), (4, 64, 16)])
+def test_label_scores_match_their_float64_definition(G, D, r):
+    """logit_b = log sum_t exp(q[ch] . k_t[ch] / sqrt(D)) over block b's valid rows, against float64 from the keys
+    themselves, with a partial last block; the label cache is exactly the chosen channels of every key."""
+    from sparsekv.routing.scorers import SCORERS, ScoreInput
+    H, bs, n = 2, 16, 16 * 6 + 5
+    store, seq, k, labels, g = _labelled_store(2, H, D, bs, n, r, seed=G + D + r)
+    q = torch.randn(H, G, D, generator=g)
+    for layer in (0, 1):
+        inp = ScoreInput(q, store, seq, layer, store.block_table(seq))
+        got = SCORERS["labels"]().logits(inp, "torch", g)
+        ch = labels.index()[layer]
+        want = torch.empty(H, G, seq.num_blocks, dtype=torch.float64)
+        for h in range(H):
+            s = (q[h][:, ch[h]].double() @ k[layer, :, h][:, ch[h]].double().T) / D ** 0.5      # [G, n]
+            for b in range(seq.num_blocks):
+                want[h, :, b] = s[:, b * bs:min(n, (b + 1) * bs)].logsumexp(-1)
+        assert (got.double() - want).abs().max() < 1e-5
+        packed = store.summary("klabel")[layer][store.block_table(seq)].reshape(seq.num_blocks, H, bs, r)
+        for h in range(H):
+            assert torch.equal(packed[:, h].reshape(-1, r)[:n], k[layer, :, h][:, ch[h]])
+            assert not packed[-1, h, n - (seq.num_blocks - 1) * bs:].any()          # rows past the end are 0
+
+
+def test_the_label_cache_costs_what_the_byte_model_charges_and_can_cost_quest_s():
+    store, seq, _, labels, _ = _labelled_store(2, 2, 64, 16, 100, 8, seed=1)
+    scorer = sk.SCORERS["labels"]()
+    c = store.config
+    assert scorer.vectors(c) == 16 * 8 // 64 == sk.SCORERS["minmax"]().vectors(c)        # r = 2 D / bs: Quest's bytes
+    tiles = seq.num_blocks * c.num_kv_heads
+    assert scorer.score_bytes(store, seq) == tiles * 16 * 8 * 4                           # bs * r float32 per tile
+    assert store.summary("klabel").shape == (2, c.num_blocks, 2, 2, 64)
+
+
+def test_a_budget_over_every_block_routes_labels_like_dense():
+    store, seq, _, _, g = _labelled_store(2, 2, 64, 16, 16 * 5 + 3, 8, seed=2)
+    q = torch.randn(6, 64, generator=g)
+    router = sk.Router("labels", token_budget=16 * 8)
+    out, _ = sk.sparse_attention(q, store, seq, 1, router.select(q, store, seq, 1).blocks, backend="torch")
+    torch.testing.assert_close(out, sk.dense_attention(q, store, seq, 1, backend="torch"), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_labels_are_rejected_by_name():
+    from sparsekv.storage.summaries import DEFAULT_SUMMARIES, LabelChannels
+    with pytest.raises(ValueError, match="klabel.*labels"):
+        sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=64, summaries=DEFAULT_SUMMARIES + ("klabel",))
+    lab = LabelChannels(((tuple(range(8)),),))
+    with pytest.raises(ValueError, match="multiple of head_dim"):
+        sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=4, labels=lab)
+    with pytest.raises(ValueError, match="labels are for 1 layers.*has 2"):
+        sk.StoreConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, labels=lab)
+    with pytest.raises(ValueError, match="distinct"):
+        LabelChannels((((1, 1, 2, 3),),))
+    with pytest.raises(TypeError, match="LabelChannels"):
+        sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=64, labels=[[[1, 2]]])
+
+
+def test_calibration_text_is_held_out_of_every_haystack():
+    from sparsekv.analysis import calibrate, corpus
+    assert not set(calibrate.CALIBRATION_MODULES) & (set(corpus.PROSE_MODULES) | set(corpus.CODE_MODULES))
+    text = calibrate.calibration_text()
+    assert len(text) > 50_000 and text[:2000] not in corpus.haystack("prose")
+
+
+def test_quest_slack_splits_exactly_over_bands_and_matches_the_bound():
+    """analysis.diagnose: U_b - max_t q.k_t equals the sum of its per-band parts, is never negative, and U_b is the
+    minmax scorer's bound (times sqrt(D)) on the same keys."""
+    from sparsekv.analysis.diagnose import block_slack, rope_bands
+    from sparsekv.routing.scorers import SCORERS, ScoreInput
+    H, G, D, bs, n = 1, 3, 64, 16, 16 * 5 + 7
+    g = torch.Generator().manual_seed(9)
+    store = make_store(layers=1, kv_heads=H, head_dim=D, block_size=bs, num_blocks=16)
+    seq = store.new_sequence()
+    k = torch.randn(1, n, H, D, generator=g)
+    store.append(seq, k, torch.randn(1, n, H, D, generator=g))
+    q = torch.randn(G, D, generator=g)
+    bands = rope_bands(1.0 / (1e5 ** (torch.arange(0, D, 2).double() / D)), bs)
+    assert set(bands.tolist()) == {0, 1, 2} and bands.shape == (D,)
+    r = block_slack(q, k[0, :, 0], bs, bands)
+    assert (r["slack"] >= -1e-9).all()
+    torch.testing.assert_close(r["by_band"].sum(0), r["slack"], rtol=0, atol=1e-9)
+    best = torch.stack([(q.double() @ k[0, i * bs:min(n, (i + 1) * bs), 0].double().T).amax(-1)
+                        for i in range(seq.num_blocks)], -1)
+    torch.testing.assert_close(r["bound"] - r["slack"], best, rtol=0, atol=1e-9)
+    inp = ScoreInput(q[None], store, seq, 0, store.block_table(seq))
+    quest = SCORERS["minmax"]().logits(inp, "reference", None)[0].double() * D ** 0.5
+    torch.testing.assert_close(quest, r["bound"], rtol=1e-5, atol=1e-4)

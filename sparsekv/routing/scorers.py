@@ -168,6 +168,36 @@ class ReprScorer(Scorer):
         return s.amax(-1) / math.sqrt(c.head_dim)
 
 
+class LabelScorer(Scorer):
+    """Double Sparsity's approximate attention: the query's calibrated label channels against the same channels of
+    every key in the block (the `klabel` summary), pooled by log-sum-exp over the block's valid rows, so a block's
+    logit estimates log of its attention mass the way the oracle's is exact:
+
+        logit_b = log sum_{t in b} exp(q[ch] . k_t[ch] / sqrt(D))        (ch: the kv head's r label channels)
+
+    Reads the label cache (bs * r / D head_dim vectors per tile: Quest's 2 at r = 2 D / bs). Rows past the sequence's
+    last token weigh 0.
+    """
+
+    name, reads = "labels", ("klabel",)
+
+    def logits(self, inp, backend, generator):
+        c = inp.store.config
+        if c.labels is None:
+            raise ValueError("scorer 'labels' needs a store built with labels=... and 'klabel' in its summaries")
+        H, G, D = inp.q.shape
+        bs, r, nb = c.block_size, c.labels.r, inp.table.numel()
+        ch = c.labels.index(inp.q.device)[inp.layer]                                    # [H, r]
+        qs = torch.gather(inp.q, 2, ch[:, None, :].expand(H, G, r))                     # [H, G, r]
+        lab = inp.store.summary("klabel")[inp.layer][inp.table].float()                  # [nb, H, V, D]
+        lab = lab.reshape(nb, H, bs, r)
+        if backend == "reference":
+            qs, lab = qs.double(), lab.double()
+        s = torch.einsum("hgr,nhtr->hgnt", qs, lab) / math.sqrt(D)                        # [H, G, nb, bs]
+        rows = torch.arange(nb * bs, device=s.device).view(nb, bs) < inp.seq.num_tokens
+        return torch.where(rows, s, -torch.inf).logsumexp(-1).float()
+
+
 class OracleScorer(Scorer):
     """The true softmax attention mass of each block, computed densely from the keys.
 
@@ -219,7 +249,7 @@ def register_scorer(cls: type[Scorer]) -> type[Scorer]:
     return registry.add(SCORERS, cls, Scorer, "scorer")
 
 
-for _cls in (MinMaxScorer, MeanScorer, ReprScorer, OracleScorer, RecencyScorer, RandomScorer):
+for _cls in (MinMaxScorer, MeanScorer, ReprScorer, LabelScorer, OracleScorer, RecencyScorer, RandomScorer):
     register_scorer(_cls)
 ROUTERS = SCORERS       # the name the public API has always used for the scorer registry
 

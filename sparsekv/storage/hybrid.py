@@ -91,9 +91,9 @@ class HybridStore:
             raise ValueError("a cold tier over a hybrid store is not supported yet; set cold_dir=None")
         self.stores: list[BlockStore] = []
         for g in self.groups:
-            sub = replace(c, num_layers=len(g.layers))
+            sub = replace(c, num_layers=len(g.layers), labels=None if c.labels is None else c.labels.subset(g.layers))
             if g.window:                        # sliding: its own small pool, no routing summaries
-                sub = replace(sub, num_blocks=c.window_blocks or c.num_blocks, summaries=())
+                sub = replace(sub, num_blocks=c.window_blocks or c.num_blocks, summaries=(), labels=None)
             self.stores.append(BlockStore(sub))
         self._where = {layer: (gi, j) for gi, g in enumerate(self.groups) for j, layer in enumerate(g.layers)}
         self.group_windows = tuple(g.window for g in self.groups)

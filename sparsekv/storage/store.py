@@ -42,7 +42,7 @@ from .codec import CODECS, SCALE_BYTES, quantize_int8
 from .cold import ColdBlockError
 from .placement import PLACEMENTS
 from .residency import AllHot, LayerKV, Tiered, runs_of
-from .summaries import DEFAULT_SUMMARIES, SUMMARIES, Tiles, cast, make_summary
+from .summaries import DEFAULT_SUMMARIES, SUMMARIES, LabelChannels, Tiles, cast, make_summary
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -85,6 +85,7 @@ class StoreConfig:
     cold_direct: bool = True         # open the cold file with O_DIRECT where the file system allows it
     window_blocks: int | None = None # a hybrid model's sliding-window groups: blocks in each one's pool (None:
                                      #   num_blocks); a sequence holds about window / block_size + 1 of them
+    labels: LabelChannels | None = None   # calibrated label channels for the `klabel` summary (Double Sparsity)
 
     def __post_init__(self):
         for name in ("num_layers", "num_kv_heads", "head_dim"):
@@ -122,6 +123,13 @@ class StoreConfig:
         unknown = [n for n in self.summaries if n not in SUMMARIES]
         if unknown or len(set(self.summaries)) != len(self.summaries):
             raise ValueError(f"summaries must be distinct names from {sorted(SUMMARIES)}, got {self.summaries!r}")
+        if self.labels is not None and not isinstance(self.labels, LabelChannels):
+            raise TypeError(f"labels must be a LabelChannels (analysis.calibrate.load_labels), got "
+                            f"{type(self.labels).__name__}")
+        if "klabel" in self.summaries and self.labels is None:
+            raise ValueError("summaries: 'klabel' needs labels=LabelChannels(...) (python -m sparsekv calibrate)")
+        if self.labels is not None and self.complete:
+            self.labels.check(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size)
 
     # -- templates ----------------------------------------------------------------------
     @property
@@ -555,7 +563,7 @@ class BlockStore:
         c = self.config
         idx = torch.tensor(blocks, dtype=torch.long, device=c.device)
         fill = torch.tensor([self.table.fill[b] for b in blocks], device=c.device)
-        tiles = Tiles.of(self.tiles("k", layer, idx).float(), fill)          # values [n, H, bs, D]
+        tiles = Tiles.of(self.tiles("k", layer, idx).float(), fill, layer)   # values [n, H, bs, D]
         for name, summary in self._summaries.items():
             self._summary_data[name][layer, idx] = cast(summary.compute(tiles, c), c.summary_dtype, summary.rounding)
 

@@ -10,8 +10,9 @@ package re-derives them:
    (`extra` is () for one vector per tile, (r,) for r vectors);
 3. `compute(tiles, config)`: its value for a batch of freshly written tiles, from their valid rows only.
 
-Built in: `kmin`, `kmax` (Quest's bound), `kmean` (MoBA) and `krepr` (InfLLM-style
-representative keys). A new summary is one subclass and `register_summary`; a store built
+Built in: `kmin`, `kmax` (Quest's bound), `kmean` (MoBA), `krepr` (InfLLM-style
+representative keys) and `klabel` (Double Sparsity's label cache: a few calibrated channels of every key,
+`LabelChannels`). A new summary is one subclass and `register_summary`; a store built
 with `StoreConfig(summaries=(..., "name"))` then keeps it exact, copies it on copy-on-write and
 counts its bytes, and a scorer that lists it in `reads` is charged for it.
 """
@@ -32,19 +33,21 @@ class Tiles:
     fill   : [n] long, valid rows per tile (1..bs; the partial last block of a sequence has fewer)
     valid  : [n, H, bs, 1] bool, True on the valid rows
     mean   : [n, H, D] float32, the mean of the valid rows (shared: several summaries need it)
+    layer  : the store layer the tiles belong to (a per-layer calibration, `klabel`, needs it)
     """
 
     values: torch.Tensor
     fill: torch.Tensor
     valid: torch.Tensor
     mean: torch.Tensor
+    layer: int = 0
 
     @classmethod
-    def of(cls, values: torch.Tensor, fill: torch.Tensor) -> "Tiles":
+    def of(cls, values: torch.Tensor, fill: torch.Tensor, layer: int = 0) -> "Tiles":
         bs = values.shape[2]
         valid = (torch.arange(bs, device=values.device)[None, :] < fill[:, None])[:, None, :, None]
         mean = torch.where(valid, values, 0.0).sum(2) / fill[:, None, None]
-        return cls(values, fill, valid, mean)
+        return cls(values, fill, valid, mean, layer)
 
 
 class Summary:
@@ -137,6 +140,81 @@ class KeyRepr(Summary):
         return torch.gather(tiles.values, 2, top[..., None].expand(-1, -1, -1, D))
 
 
+@dataclass(frozen=True)
+class LabelChannels:
+    """Calibrated label channels (Double Sparsity): for each store layer and kv head, the `r` key channels whose
+    partial q.k stands in for the whole. channels[l][h] is a tuple of r distinct ids in [0, head_dim), sorted.
+    Written by `python -m sparsekv calibrate` (`analysis.calibrate`), from text held out of every evaluation."""
+
+    channels: tuple
+    source: str = ""            # what it was calibrated on (recorded with the file)
+
+    def __post_init__(self):
+        ch = tuple(tuple(tuple(int(c) for c in head) for head in layer) for layer in self.channels)
+        if not ch or not ch[0] or not ch[0][0]:
+            raise ValueError("channels must be [layers][kv heads][r] channel ids with r >= 1")
+        r = len(ch[0][0])
+        for layer in ch:
+            if len(layer) != len(ch[0]) or any(len(h) != r or len(set(h)) != r or min(h) < 0 for h in layer):
+                raise ValueError(f"channels must hold the same number of kv heads per layer and {r} distinct "
+                                 "non-negative channel ids per head")
+        object.__setattr__(self, "channels", tuple(tuple(tuple(sorted(h)) for h in layer) for layer in ch))
+
+    @property
+    def r(self) -> int:
+        return len(self.channels[0][0])
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.channels)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return len(self.channels[0])
+
+    def check(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
+        """ValueError unless these labels fit a store of this geometry (and pack into whole head_dim vectors)."""
+        if (self.num_layers, self.num_kv_heads) != (num_layers, num_kv_heads):
+            raise ValueError(f"labels are for {self.num_layers} layers x {self.num_kv_heads} kv heads; the store has "
+                             f"{num_layers} x {num_kv_heads}")
+        if max(max(h) for layer in self.channels for h in layer) >= head_dim:
+            raise ValueError(f"labels name channels >= head_dim={head_dim}")
+        if (block_size * self.r) % head_dim:
+            raise ValueError(f"labels: block_size * r = {block_size} * {self.r} must be a multiple of head_dim="
+                             f"{head_dim} (the label cache is packed into whole head_dim vectors)")
+
+    def subset(self, layers) -> "LabelChannels":
+        """The labels of these store layers, in order (a hybrid store's global group)."""
+        return LabelChannels(tuple(self.channels[i] for i in layers), self.source)
+
+    def index(self, device=None) -> torch.Tensor:
+        """[L, H, r] long tensor of the channel ids."""
+        return torch.tensor(self.channels, dtype=torch.long, device=device)
+
+
+class KeyLabels(Summary):
+    """Double Sparsity's label cache: the calibrated channels (`StoreConfig.labels`) of every key of the block, packed
+    as [bs * r / D] head_dim vectors per tile (row t's channels at [t * r, (t + 1) * r)); rows past the block's fill
+    are 0 and a scorer must mask them. At r = 2 * D / bs it holds exactly Quest's min/max bytes."""
+
+    name = "klabel"
+
+    def vectors(self, config) -> int:
+        if config.labels is None:
+            raise ValueError("summary 'klabel' needs StoreConfig.labels (from `python -m sparsekv calibrate`)")
+        return config.block_size * config.labels.r // config.head_dim
+
+    def extra_shape(self, config):
+        return (self.vectors(config),)
+
+    def compute(self, tiles, config):
+        n, H, bs, D = tiles.values.shape
+        ch = config.labels.index(tiles.values.device)[tiles.layer]                     # [H, r]
+        picked = torch.gather(tiles.values, 3, ch[None, :, None, :].expand(n, H, bs, -1))   # [n, H, bs, r]
+        picked = torch.where(tiles.valid, picked, 0.0)
+        return picked.reshape(n, H, self.vectors(config), D)
+
+
 def cast(x: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
     """x (float32) stored in `dtype`, rounded to nearest, or directed "up"/"down" (each element moves at most
     one step of `dtype` past its nearest value, so x <= result for "up" and result <= x for "down")."""
@@ -156,7 +234,7 @@ def register_summary(cls: type[Summary]) -> type[Summary]:
     return registry.add(SUMMARIES, cls, Summary, "summary")
 
 
-for _cls in (KeyMin, KeyMax, KeyMean, KeyRepr):
+for _cls in (KeyMin, KeyMax, KeyMean, KeyRepr, KeyLabels):
     register_summary(_cls)
 
 DEFAULT_SUMMARIES = ("kmin", "kmax", "kmean", "krepr")

@@ -45,20 +45,22 @@ def probe_set(tok, task: str, length: int, n: int, seed: int = 0) -> list[prompt
     return [prompts.text_needle(tok, hay, "prose", length, d, seed=rng.randrange(1 << 30)) for d in depths]
 
 
-def answer_grid(engine: Engine, tok, lengths, n_prompts: int, routers: dict[str, Router | None],
+def answer_grid(engine: Engine, tok, lengths, n_prompts: int | dict[int, int], routers: dict[str, Router | None],
                 route_lengths=(), tasks=TASKS, seed: int = 0, progress: bool = True) -> tuple[list[dict], dict]:
-    """Every prompt answered densely, and by every router at the lengths in `route_lengths`.
+    """Every prompt answered densely, and by every router at the lengths in `route_lengths`. `n_prompts` is one
+    count for every length, or {length: count} naming every length.
 
     Returns (rows, seconds): rows {task, length, prompt, depth, method, correct, steps}; seconds per
     (task, length): {"prefill": ..., "answer": ...} wall time, for the run's own budget.
     """
+    counts = prompt_counts(lengths, n_prompts)
     rows, secs = [], {}
-    total = len(tasks) * len(lengths) * n_prompts
+    total = len(tasks) * sum(counts.values())
     bar = _bar(total, "prompts", progress)
     for task in tasks:
         for L in lengths:
             pre = ans = 0.0
-            for i, probe in enumerate(probe_set(tok, task, L, n_prompts, seed)):
+            for i, probe in enumerate(probe_set(tok, task, L, counts[L], seed)):
                 t0 = time.perf_counter()
                 seq = observe.prefill_probe(engine, probe.ids)
                 t1 = time.perf_counter()
@@ -74,6 +76,28 @@ def answer_grid(engine: Engine, tok, lengths, n_prompts: int, routers: dict[str,
             secs[task, L] = {"prefill": pre, "answer": ans}
     bar.close()
     return rows, secs
+
+
+def prompt_counts(lengths, n_prompts: int | dict[int, int]) -> dict[int, int]:
+    """{length: prompts} from one count or a dict (keys ints, or their strings as papermill passes them); a length
+    the dict leaves out, or a count below 1, is refused."""
+    if isinstance(n_prompts, dict):
+        try:       # papermill's parameters arrive through JSON, whose keys are strings
+            n_prompts = {int(k): v for k, v in n_prompts.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"n_prompts' keys must be token lengths, got {sorted(map(str, n_prompts))}") from None
+        missing = [L for L in lengths if L not in n_prompts]
+        if missing:
+            raise ValueError(f"n_prompts must name every length; missing {missing}")
+        counts = {L: n_prompts[L] for L in lengths}
+    elif isinstance(n_prompts, int) and not isinstance(n_prompts, bool):
+        counts = {L: n_prompts for L in lengths}
+    else:
+        raise TypeError(f"n_prompts must be an int or a dict {{length: int}}, got {type(n_prompts).__name__}")
+    bad = {L: n for L, n in counts.items() if not isinstance(n, int) or n < 1}
+    if bad:
+        raise ValueError(f"n_prompts must be at least 1 per length, got {bad}")
+    return counts
 
 
 def accuracy(rows: list[dict]) -> list[dict]:
@@ -166,5 +190,5 @@ def torch_itemsize(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-__all__ = ["TASKS", "probe_set", "answer_grid", "accuracy", "versus_dense", "anatomy_at", "byte_rows",
+__all__ = ["TASKS", "probe_set", "answer_grid", "prompt_counts", "accuracy", "versus_dense", "anatomy_at", "byte_rows",
            "measured_vs_model"]

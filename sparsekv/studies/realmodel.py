@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 
 from ..analysis import corpus, observe
-from ..analysis import prompts as probe_text      # not `prompts`: passkey_grid's count is called that
+from ..analysis import prompts as probe_text  # not `prompts`: passkey_grid's count is called that
 from ..model.engine import Engine
 from ..routing.router import Router
 

@@ -16,7 +16,11 @@ A check is a measured value, a comparison and a threshold, never a bare bool, so
 by how much it held. Its role is one of:
     "invariant"  an identity worth guarding (a byte formula, a fork sharing its blocks): it holds by
                  construction when the code is right, and is labelled so, never presented as a finding;
-    "finding"    a measured claim about the system (a router's recall, a speed-up).
+    "finding"    a measured claim about the system (a router's recall, a speed-up);
+    "hypothesis" a claim stated before the run whose outcome *is* the result (a proposed explanation, a goal that
+                 may be missed): recorded with its verdict ("passed" is "supported") and never failing the run,
+                 so a rejected hypothesis is reported, not hidden; the notebook prints the verdicts and renders
+                 its words from them.
 A check derived from wall-clock time (`timing=True`) is recorded in every run but gated only when
 the notebook runs with `gate_timing=True` (full runs); smoke runs on a busy machine record it
 with `gated: false`. Timing never fails `make test`.
@@ -30,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 KINDS = ("exact", "numeric", "timing")
-ROLES = ("invariant", "finding")
+ROLES = ("invariant", "finding", "hypothesis")
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 
 
@@ -85,6 +89,7 @@ class Checks(dict):
         checks.finding("minmax keeps 95% of the mass at 4k", recall, ">=", 0.95)
         checks.invariant("dense reads 2·N·H·D·itemsize bytes", kv_bytes, "==", expected)
         checks.timing("routed decode is faster than dense at 64k", speedup, ">", 1)
+        checks.hypothesis("the fast RoPE band holds most of Quest's slack", share, ">", 0.5)
     """
 
     def _add(self, claim: str, check: Check) -> Check:
@@ -104,11 +109,21 @@ class Checks(dict):
     def timing(self, claim: str, value, op: str, threshold) -> Check:
         return self._add(claim, Check(value, op, threshold, "finding", timing=True))
 
+    def hypothesis(self, claim: str, value, op: str, threshold) -> Check:
+        """A claim stated before the run, tested here; its verdict is recorded and never fails the run."""
+        return self._add(claim, Check(value, op, threshold, "hypothesis"))
+
+    def verdicts(self) -> str:
+        """The hypotheses and whether this run supports them, one per line."""
+        return "\n".join(f"{'supported' if c.passed else 'REJECTED '}  {c.describe():>24}  {k}"
+                         for k, c in self.items() if c.role == "hypothesis")
+
     def table(self) -> str:
         """One line per check: status, role, the comparison, the claim."""
         lines = []
         for claim, c in self.items():
-            status = "ok  " if c.passed else ("FAIL" if not c.timing else "slow")
+            status = ("yes " if c.passed else "no  ") if c.role == "hypothesis" else \
+                "ok  " if c.passed else ("FAIL" if not c.timing else "slow")
             lines.append(f"{status} {c.role[:3]}{'/t' if c.timing else '  '} {c.describe():>26}  {claim}")
         return "\n".join(lines)
 
@@ -152,7 +167,8 @@ def write_metrics(path: str | Path, notebook: str, metrics: dict, checks: dict[s
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, sort_keys=True))
-    failed = [f"{k} ({c.describe()})" for k, c in checks.items() if not c.passed and (gate_timing or not c.timing)]
+    failed = [f"{k} ({c.describe()})" for k, c in checks.items()
+              if not c.passed and c.role != "hypothesis" and (gate_timing or not c.timing)]
     if failed:
         raise NotebookCheckError(f"{notebook}: {len(failed)} check(s) failed: " + "; ".join(failed))
     return record
