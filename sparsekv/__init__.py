@@ -26,6 +26,7 @@ from .core.traffic import StepTraffic
 from .model.checkpoint import load_model, load_tokenizer
 from .model.engine import Engine, EngineConfig, RequestStats
 from .model.model import Model, ModelConfig
+from .routing.hierarchy import hierarchical
 from .routing.mass import block_attention_mass
 from .routing.router import ROUTERS, Router, RouterConfig, Selection
 from .routing.scorers import SCORERS, Scorer, register_scorer
@@ -43,7 +44,7 @@ __all__ = [
     "StoreConfig", "BlockStore", "BlockTable", "Sequence", "Reservation", "StoreFullError", "BlockPool", "ColdBlockError",
     "PLACEMENTS", "PlacementPolicy", "register_placement",
     "dense_attention", "sparse_attention", "batch_attention", "prefill_attention", "all_blocks", "AttentionResult",
-    "block_attention_mass", "StepTraffic", "Router", "RouterConfig", "Selection", "ROUTERS", "SCORERS", "Scorer",
+    "block_attention_mass", "hierarchical", "StepTraffic", "Router", "RouterConfig", "Selection", "ROUTERS", "SCORERS", "Scorer",
     "register_scorer", "SELECTORS", "Selector", "register_selector", "EvictionPolicy", "register_policy",
     "SUMMARIES", "Summary", "register_summary",
     "metrics", "probes", "Model", "ModelConfig", "load_model", "load_tokenizer", "Engine", "EngineConfig",

@@ -91,6 +91,19 @@ def summary_traffic(num_scored_tiles: int, vectors_per_tile: int, head_dim: int,
     return StepTraffic(summary_bytes=num_scored_tiles * vectors_per_tile * head_dim * itemsize)
 
 
+def hierarchical_vectors(num_tokens: int, block_size: int, group: int, keep: int, vectors: int = 2) -> int:
+    """head_dim summary vectors one hierarchical routing step reads per kv head (`routing.hierarchy`) over a sequence
+    of `num_tokens`: the coarse summaries of its complete groups (`group` full blocks each), then the fine ones of the
+    `keep` groups refined and of every block after the last complete group (the partial block among them);
+    `vectors` per summary (2 for min/max). With group 1 the coarse summaries are the fine ones and nothing is read
+    twice: vectors * num_blocks, as flat routing reads."""
+    nb = -(-num_tokens // block_size)
+    if group == 1:
+        return vectors * nb
+    ng = (num_tokens // block_size) // group
+    return vectors * (ng + min(keep, ng) * group + nb - ng * group)
+
+
 def key_traffic(num_tokens: int, num_kv_heads: int, head_dim: int, itemsize: int) -> StepTraffic:
     """Bytes a scorer reads when it scores from the keys themselves (the oracle): every K row."""
     return StepTraffic(summary_bytes=num_tokens * num_kv_heads * head_dim * itemsize)

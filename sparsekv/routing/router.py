@@ -37,6 +37,7 @@ from ..core.backend import resolve
 from ..core.checks import check_choice, check_int
 from ..core.traffic import INDEX_BYTES, StepTraffic
 from ..storage.store import BlockStore, Sequence, check_decode_query
+from . import hierarchy  # noqa: F401  (registers the hierarchical scorers beside the flat ones)
 from .scorers import ROUTERS, ScoreInput, _cpp_summaries, fused_route
 from .selectors import Selector, TopK, make_selector
 

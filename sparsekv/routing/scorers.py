@@ -46,6 +46,7 @@ class Scorer:
     reads: tuple[str, ...] = ()
     summary_vectors = 0
     fused_kind: int | None = None     # the CPU route kernel's kind for this scorer (route_topk), if it has one
+    needs_calibration = False         # True: the store must hold a calibration (StoreConfig.labels)
 
     def vectors(self, config) -> int:
         """head_dim vectors this scorer reads per (kv head, block) under `config` (a StoreConfig)."""
@@ -179,7 +180,7 @@ class LabelScorer(Scorer):
     last token weigh 0.
     """
 
-    name, reads = "labels", ("klabel",)
+    name, reads, needs_calibration = "labels", ("klabel",), True
 
     def logits(self, inp, backend, generator):
         c = inp.store.config

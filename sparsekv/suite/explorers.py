@@ -90,7 +90,7 @@ def routing_explorer(scorer: str = "minmax", token_budget: int = 512, block_size
     import ipywidgets as w
 
     from ..routing.scorers import SCORERS
-    c = {"scorer": w.Dropdown(options=sorted(SCORERS), value=scorer, description="router"),
+    c = {"scorer": w.Dropdown(options=sorted(n for n, c in SCORERS.items() if not c.needs_calibration), value=scorer, description="router"),
          "token_budget": w.Dropdown(options=sorted({128, 256, 512, 1024, 2048, token_budget}), value=token_budget,
                                     description="budget"),
          "block_size": w.Dropdown(options=sorted({16, 32, 64, 128, block_size}), value=block_size, description="block"),
