@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
-	$(PY) -m pip install --quiet -e ".[notebooks,dev,hf,kernels,peers]"
+	$(PY) -m pip install --quiet -e ".[notebooks,dev,hf,kernels,peers,sweep]"
 	touch $(STAMP)
 
 # Registered inside the venv (--sys-prefix), so nothing is written to the user's home.

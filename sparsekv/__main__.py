@@ -5,6 +5,7 @@
     fetch [--root DIR]                     fetch and verify the real model (model.fetch)
     findings [--check]                     re-render the README findings from the metrics (suite.findings)
     calibrate [--model M]                  calibrate the `labels` router's channels (analysis.calibrate)
+    sweep NOTEBOOK --grid G.yaml           a parameter grid over a notebook, on Ray (suite.sweep)
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 
 COMMANDS = {"notebooks": "sparsekv.suite.runner", "train": "sparsekv.recall.train",
             "fetch": "sparsekv.model.fetch", "findings": "sparsekv.suite.findings",
-            "calibrate": "sparsekv.analysis.calibrate"}
+            "calibrate": "sparsekv.analysis.calibrate", "sweep": "sparsekv.suite.sweep"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,3 +23,19 @@ def test_the_cpu_benchmark_runs_and_checks_itself(tmp_path):
         assert {"sparse", "sparse_attn", "dense", "sdpa", "sparse_unfused"} <= set(timed)
         for v in timed:
             assert case[f"{v}_over_floor"] > 0 and case[f"{v}_bound"] in ("bytes", "compute")
+
+
+def test_the_router_cost_benchmark_runs_and_charges_what_each_router_reads(tmp_path):
+    from benchmarks import bench_router_cost
+    out = tmp_path / "rc.json"
+    assert bench_router_cost.main(["--contexts", "1100", "16400", "--calls", "2", "--threads", "1",
+                                   "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    for case in d["cases"]:
+        assert case["fused_equals_torch"] >= 0.9
+        assert case["minmax (fused).summary_bytes"] == case["minmax (torch).summary_bytes"] \
+            == case["blocks"] * 3 * 2 * 64 * 4
+        assert case["labels.summary_bytes"] == case["minmax (fused).summary_bytes"]    # r = 2 D / block: Quest's bytes
+        assert all(case[f"{r}.us"] > 0 for r in d["routers"])
+    big = d["cases"][-1]                              # 1,025 blocks: 16 complete groups of 64, 4 refined, and the tail
+    assert big["hminmax-g64-k4.summary_bytes"] < big["minmax (fused).summary_bytes"]

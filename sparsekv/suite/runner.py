@@ -55,6 +55,7 @@ class NotebookRun:
     executed_path: Path
     error: str = ""
     metrics: dict = field(default_factory=dict)
+    detail: str = ""                                # a failure's full error text (papermill's includes the traceback)
     reference: dict = field(default_factory=dict)   # the committed metrics compared against
     regression: str = ""                            # the comparison's failure table, if any
 
@@ -117,9 +118,10 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
         os.environ.update(env or {})
         pm.execute_notebook(str(path), str(executed), parameters=parameters, kernel_name=kernel_name(),
                             cwd=str(path.parent), execution_timeout=timeout, progress_bar=False)
-        status, error = "ok", ""
+        status, error, detail = "ok", "", ""
     except Exception as exc:  # papermill raises PapermillExecutionError with the cell's traceback
         status, error = "failed", _short_error(exc)
+        detail = str(exc) if str(exc).strip() else traceback.format_exc()
     finally:
         for k, v in saved.items():
             if v is None:
@@ -127,7 +129,7 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
             else:
                 os.environ[k] = v
     seconds = time.perf_counter() - t0
-    run = NotebookRun(path.stem, status, seconds, metrics_path, executed, error)
+    run = NotebookRun(path.stem, status, seconds, metrics_path, executed, error, detail=detail)
     if status == "ok" and not metrics_path.exists():
         run.status, run.error = "failed", f"ran but wrote no metrics JSON at {metrics_path}"
     if metrics_path.exists():

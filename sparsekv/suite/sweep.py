@@ -1,0 +1,363 @@
+"""Parameter sweeps over a notebook on Ray: `python -m sparsekv sweep NOTEBOOK --grid GRID.yaml [--address ADDR]`.
+
+A grid (YAML) names parameter lists, whose product is taken, and/or explicit cells, each overlaid on `base`:
+
+    base:   {progress: false}                  # every cell's parameters start from these
+    params: {block_size: [16, 64], budgets: [[64], [256]]}   # the product: 4 cells
+    cells:  [{block_size: 32, budgets: [128]}]               # and any cell written out
+    threads: 1                                  # torch/OpenMP threads per cell, and the CPUs Ray gives it
+    gpus: 0                                     # GPUs Ray gives each cell (1 for a GPU notebook)
+
+Each cell is one papermill execution of the notebook with those parameters, as one Ray task. Every parameter is
+checked against the notebook's `parameters` cell before anything runs: an unknown name or a value of another type
+than the default's (an int where a list is expected) is a ValueError/TypeError naming it.
+
+Without `--address`, Ray starts embedded on this machine with as many CPUs as the cores (`--workers` caps it);
+`--address auto` or `ray://host:port` runs the same command on a cluster, whose nodes need this package installed.
+
+The cache key of a cell is a hash of the notebook's cells (their source, not their outputs), the cell's parameters
+and the package version: change any of them and the cell runs again; change nothing and a re-run skips it. A
+cell's folder `DIR/cells/KEY/` holds `params.json`, the executed notebook, `metrics.json` and `status.json`,
+written in a scratch folder and moved into place in one rename, so an interrupted sweep (Ctrl-C, a killed worker)
+loses at most the cells in flight. A failing cell records its error and traceback in `status.json` and the others
+go on; failed cells run again on the next invocation.
+
+`load(DIR)` returns every finished cell's metrics as one tidy pandas DataFrame (one row per cell and metric, the
+cell's parameters as columns); the sweep also writes it to `DIR/results.parquet` (CSV where pyarrow is missing).
+`plot(df, metric, x, by=None)` draws one metric against one parameter, a line per value of another.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+INJECTED = ("figures_dir", "metrics_path")       # set by the runner for every cell, never by a grid
+
+
+# -- the grid ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Grid:
+    """A sweep's cells (parameter dicts, in order, without duplicates) and each cell's resources."""
+
+    cells: tuple[dict, ...]
+    threads: int = 1
+    gpus: int = 0
+
+    @classmethod
+    def from_dict(cls, spec: dict) -> "Grid":
+        if not isinstance(spec, dict):
+            raise TypeError(f"grid must be a mapping with base/params/cells, got {type(spec).__name__}")
+        unknown = sorted(set(spec) - {"base", "params", "cells", "threads", "gpus"})
+        if unknown:
+            raise ValueError(f"grid keys must be base, params, cells, threads, gpus; got unknown {unknown}")
+        base = spec.get("base") or {}
+        params = spec.get("params") or {}
+        explicit = spec.get("cells") or []
+        if not isinstance(base, dict) or not isinstance(params, dict) or not isinstance(explicit, list):
+            raise TypeError("grid: base and params must be mappings and cells a list of mappings")
+        for name, values in params.items():
+            if not isinstance(values, list) or not values:
+                raise TypeError(f"grid params.{name} must be a non-empty list of values, got {values!r}")
+        cells = [dict(base, **dict(zip(params, combo))) for combo in itertools.product(*params.values())] \
+            if params else []
+        for i, c in enumerate(explicit):
+            if not isinstance(c, dict):
+                raise TypeError(f"grid cells[{i}] must be a mapping of parameters, got {type(c).__name__}")
+            cells.append(dict(base, **c))
+        if not cells:
+            raise ValueError("grid has no cells: give params (lists, their product is taken) or cells")
+        seen, unique = set(), []
+        for c in cells:
+            k = json.dumps(c, sort_keys=True)
+            if k not in seen:
+                seen.add(k)
+                unique.append(c)
+        threads, gpus = spec.get("threads", 1), spec.get("gpus", 0)
+        for name, v, lo in (("threads", threads, 1), ("gpus", gpus, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"grid {name} must be an int >= {lo}, got {v!r}")
+        return cls(tuple(unique), threads, gpus)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Grid":
+        import yaml
+        return cls.from_dict(yaml.safe_load(Path(path).read_text()))
+
+
+def notebook_parameters(path: str | Path) -> dict:
+    """{name: default} of the notebook's cell tagged `parameters` (literal values only)."""
+    nb = json.loads(Path(path).read_text())
+    cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        raise ValueError(f"{path} has no cell tagged 'parameters': papermill cannot set its parameters")
+    out = {}
+    for node in ast.parse("".join(cells[0]["source"])).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                out[node.targets[0].id] = None          # a computed default: any value is accepted
+    return out
+
+
+def _type_ok(default, value) -> bool:
+    if default is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, type(default))
+
+
+def validate(grid: Grid, notebook: str | Path) -> None:
+    """Raise before anything runs if a cell names a parameter the notebook lacks, sets an injected one, or gives
+    a value of another type than the notebook's default."""
+    defaults = notebook_parameters(notebook)
+    for i, cell in enumerate(grid.cells):
+        for name, value in cell.items():
+            if name in INJECTED:
+                raise ValueError(f"cell {i}: {name} is set by the sweep itself (each cell's own folder)")
+            if name not in defaults:
+                raise ValueError(f"cell {i}: {Path(notebook).name} has no parameter {name!r}; "
+                                 f"it has {sorted(k for k in defaults if k not in INJECTED)}")
+            if not _type_ok(defaults[name], value):
+                raise TypeError(f"cell {i}: parameter {name} must be a {type(defaults[name]).__name__} like its "
+                                f"default {defaults[name]!r}, got {type(value).__name__} {value!r}")
+
+
+def package_version() -> str:
+    from importlib import metadata
+    try:
+        return metadata.version("sparsekv")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def cell_key(notebook: str | Path, params: dict, version: str | None = None) -> str:
+    """16 hex digits of sha256 over the notebook's cell sources, the parameters and the package version."""
+    nb = json.loads(Path(notebook).read_text())
+    source = [(c["cell_type"], "".join(c["source"])) for c in nb["cells"]]
+    blob = json.dumps({"source": source, "params": params, "version": version or package_version()},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# -- one cell ----------------------------------------------------------------------------------
+
+def run_cell(notebook: str, params: dict, cell_dir: str, threads: int, timeout: int) -> dict:
+    """Execute one cell into `cell_dir` atomically; returns its status record. Runs in a Ray worker (or inline)."""
+    from .runner import run_notebook
+    final = Path(cell_dir)
+    scratch = final.parent / f".{final.name}.{os.getpid()}.{time.time_ns()}"
+    scratch.mkdir(parents=True)
+    t0 = time.time()
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    try:
+        run = run_notebook(Path(notebook), scratch, scratch / "figures", params, timeout=timeout, env=env)
+        status = {"status": run.status, "error": run.error, "traceback": run.detail, "seconds": run.seconds}
+        if run.metrics_path.exists():
+            os.replace(run.metrics_path, scratch / "metrics.json")
+    except Exception as exc:                # the runner itself failed (a missing kernel, a full disk)
+        status = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
+                  "seconds": time.time() - t0}
+    status.update(params=params, notebook=Path(notebook).name, finished=time.time(), pid=os.getpid())
+    (scratch / "params.json").write_text(json.dumps(params, indent=1, sort_keys=True))
+    (scratch / "status.json").write_text(json.dumps(status, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(scratch, final)
+    return status
+
+
+def cell_status(cell_dir: Path) -> dict | None:
+    """The status record of a finished cell, or None."""
+    path = cell_dir / "status.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# -- the sweep ---------------------------------------------------------------------------------
+
+@dataclass
+class SweepResult:
+    out: Path
+    keys: list[str]
+    ran: list[str] = field(default_factory=list)          # cells executed by this call
+    skipped: list[str] = field(default_factory=list)      # finished before this call
+    failed: list[str] = field(default_factory=list)
+
+    def table(self):
+        return load(self.out)
+
+
+def sweep(notebook: str | Path, grid: Grid, out: str | Path, address: str | None = None, workers: int | None = None,
+          timeout: int = 1800, progress: bool = True) -> SweepResult:
+    """Run every cell of `grid` not already finished in `out`, as Ray tasks; returns what ran, was skipped, failed.
+
+    Validation comes first (nothing starts on a bad grid). Embedded Ray (`address=None`) gets `workers` CPUs
+    (default: this machine's cores); each task asks for `grid.threads` CPUs and `grid.gpus` GPUs.
+    """
+    notebook = Path(notebook).resolve()
+    if not notebook.exists():
+        raise FileNotFoundError(f"notebook {notebook} does not exist")
+    validate(grid, notebook)
+    out = Path(out).resolve()
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    keys = [cell_key(notebook, c) for c in grid.cells]
+    result = SweepResult(out, keys)
+    todo = []
+    for key, params in zip(keys, grid.cells):
+        st = cell_status(out / "cells" / key)
+        if st is not None and st["status"] == "ok":
+            result.skipped.append(key)
+        else:
+            todo.append((key, params))
+    (out / "grid.json").write_text(json.dumps({"notebook": str(notebook), "cells": dict(zip(keys, grid.cells)),
+                                               "threads": grid.threads, "gpus": grid.gpus}, indent=1))
+    if todo:
+        _run_on_ray(notebook, grid, out, todo, address, workers, timeout, progress, result)
+    write_table(out)
+    return result
+
+
+def _run_on_ray(notebook, grid, out, todo, address, workers, timeout, progress, result) -> None:
+    import ray
+    from tqdm.auto import tqdm
+    embedded = address is None
+    if not ray.is_initialized():
+        kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        if embedded:
+            ray.init(num_cpus=workers or os.cpu_count(), num_gpus=0 if not grid.gpus else None, **kw)
+        else:
+            ray.init(address=address, **kw)
+    task = ray.remote(num_cpus=grid.threads, num_gpus=grid.gpus, max_retries=0)(run_cell)
+    pending = {task.remote(str(notebook), p, str(out / "cells" / k), grid.threads, timeout): k for k, p in todo}
+    bar = tqdm(total=len(todo), desc=f"sweep {notebook.stem}", unit="cell", disable=not progress)
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                key = pending.pop(ref)
+                try:
+                    st = ray.get(ref)
+                except Exception as exc:       # the worker died: nothing was moved into place for this cell
+                    st = {"status": "failed", "error": f"worker lost: {exc}"}
+                result.ran.append(key)
+                if st["status"] != "ok":
+                    result.failed.append(key)
+                bar.update()
+                bar.set_postfix(waiting=len(pending), failed=len(result.failed))   # running or queued
+    except KeyboardInterrupt:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        bar.close()
+        if embedded:
+            ray.shutdown()
+
+
+# -- the results table --------------------------------------------------------------------------
+
+def load(out: str | Path):
+    """Every finished cell of the sweep in `out` as a tidy DataFrame: columns cell, status, seconds, the cell's
+    parameters (lists as their JSON text), metric, value; one row per (cell, metric) of the ok cells, and one row
+    with metric None for each failed cell."""
+    import pandas as pd
+    rows = []
+    for d in sorted((Path(out) / "cells").iterdir()):
+        st = cell_status(d) if d.is_dir() and not d.name.startswith(".") else None
+        if st is None:
+            continue
+        params = {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in st["params"].items()}
+        head = {"cell": d.name, "status": st["status"], "seconds": st.get("seconds"), **params}
+        mpath = d / "metrics.json"
+        metrics = json.loads(mpath.read_text())["metrics"] if st["status"] == "ok" and mpath.exists() else {}
+        if not metrics:
+            rows.append({**head, "metric": None, "value": None})
+        rows += [{**head, "metric": k, "value": v} for k, v in metrics.items()]
+    return pd.DataFrame(rows)
+
+
+def write_table(out: str | Path) -> Path:
+    """Write load(out) to out/results.parquet, or results.csv where pyarrow is missing; returns the path."""
+    df = load(out)
+    try:
+        import pyarrow  # noqa: F401
+        path = Path(out) / "results.parquet"
+        df.to_parquet(path, index=False)
+    except ImportError:
+        path = Path(out) / "results.csv"
+        df.to_csv(path, index=False)
+    return path
+
+
+def plot(df, metric: str, x: str, by: str | None = None, ax=None):
+    """One metric against parameter `x`, a line per value of `by`: the mean over the cells that share (x, by), and
+    a bar from their minimum to their maximum where there is more than one (seeds, say). Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    from . import viz
+    d = df[(df["metric"] == metric) & (df["status"] == "ok")]
+    if d.empty:
+        raise ValueError(f"metric {metric!r} is in no finished cell; have {sorted(df['metric'].dropna().unique())[:20]}")
+    for col in [x] + ([by] if by else []):
+        if col not in d.columns:
+            raise ValueError(f"{col!r} is not a parameter of this sweep; have {[c for c in df.columns if c not in ('cell', 'status', 'seconds', 'metric', 'value')]}")
+    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    groups = [(None, d)] if by is None else list(d.groupby(by, sort=True))
+    for k, (label, g) in enumerate(groups):
+        s = g.groupby(x, sort=True)["value"].agg(["mean", "min", "max"])
+        xs = list(s.index)
+        ax.errorbar(xs, s["mean"], yerr=[s["mean"] - s["min"], s["max"] - s["mean"]], fmt="o-", capsize=3,
+                    color=viz.COLORS[k % len(viz.COLORS)], label=None if by is None else f"{by} = {label}")
+    ax.set(xlabel=x, ylabel=metric, title=f"{metric} by {x}" + (f" and {by}" if by else ""))
+    if by is not None:
+        ax.legend()
+    return ax
+
+
+# -- command line ------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sparsekv sweep", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("notebook", type=Path, help="the notebook (a path, or a stem under notebooks/)")
+    ap.add_argument("--grid", type=Path, required=True, help="the grid YAML")
+    ap.add_argument("--address", default=None, help="a Ray cluster ('auto' or ray://host:port); default embedded")
+    ap.add_argument("--out", type=Path, default=None, help="the sweep folder (default build/sweeps/NOTEBOOK)")
+    ap.add_argument("--workers", type=int, default=None, help="CPUs of the embedded Ray (default: the cores)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per notebook cell")
+    args = ap.parse_args(argv)
+    nb = args.notebook
+    if not nb.exists() and (Path("notebooks") / f"{nb}.ipynb").exists():
+        nb = Path("notebooks") / f"{nb}.ipynb"
+    out = args.out or Path("build") / "sweeps" / nb.stem
+    try:
+        res = sweep(nb, Grid.load(args.grid), out, args.address, args.workers, args.timeout)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(res.keys)} cells: {len(res.ran)} ran ({len(res.failed)} failed), {len(res.skipped)} already done; "
+          f"results in {out}")
+    for key in res.failed:
+        st = cell_status(res.out / "cells" / key) or {}
+        print(f"  failed {key} {st.get('params')}: {st.get('error', '')[:300]}", file=sys.stderr)
+    return 1 if res.failed else 0
+
+
+__all__ = ["Grid", "notebook_parameters", "validate", "cell_key", "run_cell", "sweep", "SweepResult", "load",
+           "write_table", "plot"]
