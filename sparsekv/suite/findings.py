@@ -116,6 +116,21 @@ FINDINGS: list[Finding] = [
             {"bs": (N01, "minmax.route_byte_share"), "tf": (N01, "minmax.route_fraction"),
              "sm": (N04, "summary_share_minmax@max"), "ridge": (N04, "cpu_ridge_flop_per_byte"),
              "inten": (N04, "dense_intensity"), "bound": _bound}),
+    Finding("**Hierarchical routing (notebook 04).** At 1M tokens with a 2,048-token "
+            "budget (block 64), flat `minmax` summaries are {flat:.0%} of a routed step's bytes; `hminmax-g64-k4` "
+            "(coarse min/max bounds over groups of 64 blocks, fine ones only in the 4 groups of largest coarse mass) "
+            "reads {h:.1%}, for {held:.1%} more summary bytes held. On 4-needle synthetic probes it {verdict} (loss "
+            "{l32:.1f} points at 32k tokens, {l128:.1f} at 128k); refining 2 groups instead loses {k2:.0f} points at "
+            "128k, because 4 needles sit in 4 groups.",
+            {"flat": (N04, "hier.summary_share.minmax@1048576"), "h": (N04, "hier.summary_share.hminmax-g64-k4@1048576"),
+             "held": lambda m: m[N04]["hier.summary_held_per_token.hminmax-g64-k4"]
+             / m[N04]["hier.summary_held_per_token.minmax"] - 1,
+             "verdict": lambda m: "keeps flat routing's mass recall within 1 point" if max(
+                 m[N04][f"hier.recall_loss_pts.hminmax-g64-k4@{n}"] for n in (32768, 131072)) <= 1
+             else "loses more than 1 point of flat routing's mass recall",
+             "l32": (N04, "hier.recall_loss_pts.hminmax-g64-k4@32768"),
+             "l128": (N04, "hier.recall_loss_pts.hminmax-g64-k4@131072"),
+             "k2": (N04, "hier.recall_loss_pts.hminmax-g64-k2@131072")}),
     Finding("**Mean pooling loses detail (synthetic probes).** One key moves its block mean by only 1/block_size of its "
             "logit: `mean` found the washout needle in {mw:.0%} of probes (`minmax` {xw:.0%}), and with a 512-token "
             "budget its needle recall falls from {m2:.0%} at 2k tokens to {m128:.0%} at 128k; `minmax` found "
