@@ -18,7 +18,7 @@ by how much it held. Its role is one of:
                  construction when the code is right, and is labelled so, never presented as a finding;
     "finding"    a measured claim about the system (a router's recall, a speed-up);
     "hypothesis" a claim stated before the run whose outcome *is* the result (a proposed explanation, a goal that
-                 may be missed): recorded with its verdict ("passed" is "supported") and never failing the run,
+                 may be missed): recorded with its verdict ("passed" is "supported"), "gated": false, never failing the run,
                  so a rejected hypothesis is reported, not hidden; the notebook prints the verdicts and renders
                  its words from them.
 A check derived from wall-clock time (`timing=True`) is recorded in every run but gated only when
@@ -162,7 +162,7 @@ def write_metrics(path: str | Path, notebook: str, metrics: dict, checks: dict[s
         raise TypeError(f"checks must map claims to report.Check (value, op, threshold), got {bad}")
     record = {"notebook": notebook, "metrics": clean, "kinds": {n: kinds[n] for n in clean},
               "headline": list(headline), "gate_timing": bool(gate_timing),
-              "checks": {k: {**asdict(c), "passed": c.passed, "gated": gate_timing or not c.timing}
+              "checks": {k: {**asdict(c), "passed": c.passed, "gated": c.role != "hypothesis" and (gate_timing or not c.timing)}
                          for k, c in checks.items()}}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
