@@ -241,7 +241,7 @@ def main(argv=None) -> int:
         cases.append(case)
     import transformers
     out = {"date": str(date.today()), "torch": torch.__version__, "transformers": transformers.__version__,
-           "threads": args.threads, "model": args.model.name,
+           "threads": args.threads, "model": args.model.name, "rss": "request peak (VmHWM reset after loading)",
            "read_bandwidth_Bps": bw, "matmul_flops": rate, "steps": args.steps, "chunk": args.chunk, "cases": cases}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -102,6 +102,14 @@ def summary_precision_table(path: Path = RESULTS / "summary_precision.json") -> 
     return "\n".join(lines)
 
 
+def _rss(r: dict) -> str:
+    if r["sparsekv_peak_rss"] is None:
+        return "not measured (this run's peak was the model load's; rerun)"
+    hf = r.get("transformers_peak_rss")
+    return f"{r['sparsekv_peak_rss'] / 2**30:.2f} / {hf / 2**30:.2f} GiB" if hf else \
+        f"{r['sparsekv_peak_rss'] / 2**30:.2f} GiB / did not run"
+
+
 def gemma_speed_table(path: Path = RESULTS / "gemma_speed.json") -> str:
     d = json.loads(path.read_text())
     lines = [f"Gemma 3 270M against transformers {d.get('transformers', '')} on the same weights (float32) and the same "
@@ -120,12 +128,13 @@ def gemma_speed_table(path: Path = RESULTS / "gemma_speed.json") -> str:
             if key not in r:
                 return f"did not run: {r.get('transformers_failed', 'not measured')}"
             return fmt.format(r[key] * scale)
+        if "rss" not in d:          # results from before the peak was reset after loading: their peak is the load's
+            r = {**r, "sparsekv_peak_rss": None, "transformers_peak_rss": None}
         lines.append(
             f"| {r['length']:,} | {r['sparsekv_ttft_s']:.1f} s | {hf('transformers_ttft_s', 1, '{:.1f} s')} | "
             f"{hf('prefill_speedup', 1, '{:.2f}x')} | {r['prefill_floor_s']:.1f} s | {1e3 * r['sparsekv_tpot_s']:.0f} ms | "
             f"{hf('transformers_tpot_s', 1e3, '{:.0f} ms')} | {hf('decode_speedup', 1, '{:.2f}x')} | "
-            f"{1e3 * r['decode_floor_s']:.0f} ms | {r['sparsekv_peak_rss'] / 2**30:.2f} / "
-            f"{hf('transformers_peak_rss', 2**-30, '{:.2f}')} GiB | {r['sparsekv_kv_held'] / 2**20:.0f} / "
+            f"{1e3 * r['decode_floor_s']:.0f} ms | {_rss(r)} | {r['sparsekv_kv_held'] / 2**20:.0f} / "
             f"{hf('transformers_kv_held', 2**-20, '{:.0f}')} MiB | {r.get('same_tokens', '-')} |")
     return "\n".join(lines)
 
