@@ -158,17 +158,22 @@ def _numbers(rng: random.Random, n: int) -> list[int]:
 
 # -- the generators --------------------------------------------------------------------------------
 
-def passkey(tok, length: int, n_facts: int = 24, seed: int = 0) -> Document:
-    rng = random.Random(seed)
-    keys, nums = _keys(rng, n_facts), _numbers(rng, n_facts)
+def _keyed_passkeys(tok, task: str, length: int, keys, nums, intro: str, rng: random.Random, seed: int) -> Document:
+    """One pass key per (adjective, noun) key, planted in the filler; each key asked."""
     facts = [f"The pass key of the {a} {b} is {v}. Remember it. {v} is the pass key of the {a} {b}."
              for (a, b), v in zip(keys, nums)]
     qs = [(f"What is the pass key of the {a} {b}?", f"The pass key of the {a} {b} is", f" {v}", (i,))
           for i, ((a, b), v) in enumerate(zip(keys, nums))]
+    return _assemble(tok, task, _filler(tok, length), length, intro, facts, _depths(rng, len(keys)), qs,
+                     "repeated filler sentences", seed)
+
+
+def passkey(tok, length: int, n_facts: int = 24, seed: int = 0) -> Document:
+    rng = random.Random(seed)
+    keys, nums = _keys(rng, n_facts), _numbers(rng, n_facts)
     intro = ("There are pass keys hidden inside a lot of irrelevant text. Find them and memorize them. "
              "I will quiz you about one of them.\n\n")
-    return _assemble(tok, "passkey", _filler(tok, length), length, intro, facts, _depths(rng, n_facts), qs,
-                     "repeated filler sentences", seed)
+    return _keyed_passkeys(tok, "passkey", length, keys, nums, intro, rng, seed)
 
 
 def fact_prose(tok, length: int, n_facts: int = 24, seed: int = 0) -> Document:
@@ -207,14 +212,9 @@ def multi_key(tok, length: int, n_facts: int = 24, seed: int = 0) -> Document:
     rng.shuffle(order)                      # partners land at independent depths
     keys = [keys[i] for i in order]
     nums = _numbers(rng, n_facts)
-    facts = [f"The pass key of the {a} {b} is {v}. Remember it. {v} is the pass key of the {a} {b}."
-             for (a, b), v in zip(keys, nums)]
-    qs = [(f"What is the pass key of the {a} {b}?", f"The pass key of the {a} {b} is", f" {v}", (i,))
-          for i, ((a, b), v) in enumerate(zip(keys, nums))]
     intro = ("There are pass keys hidden inside a lot of irrelevant text; some keys have similar names. Find them "
              "and memorize them. I will quiz you about one of them.\n\n")
-    return _assemble(tok, "multi-key", _filler(tok, length), length, intro, facts, _depths(rng, n_facts), qs,
-                     "repeated filler sentences", seed)
+    return _keyed_passkeys(tok, "multi-key", length, keys, nums, intro, rng, seed)
 
 
 def multi_value(tok, length: int, n_facts: int = 24, seed: int = 0) -> Document:
