@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.sparsekv-installed
 KERNEL     := $(VENV)/share/jupyter/kernels/sparsekv/kernel.json
 
-.PHONY: setup model notebooks test smoke lab lint clean
+.PHONY: setup model notebooks test smoke lab lint clean bench-peers
 
 setup: $(STAMP) $(KERNEL)
 
@@ -36,8 +36,17 @@ notebooks: setup model
 smoke: setup model
 	$(PY) -m sparsekv notebooks smoke
 
+# One pytest worker per core (pytest-xdist; `--dist loadgroup` keeps the Ray tests on one worker). Most tests are
+# single-threaded Python, so two workers on two cores take about half the serial wall time. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= auto
 test: setup model
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
+# The peer of benchmarks/bench_vs_llamacpp.py, never part of `make test`: llama-cpp-python built from its PyPI source
+# (about 4 minutes on 2 cores; CMake and a C++ compiler needed), at the version the committed results measured.
+LLAMA_CPP_SPEC ?= llama-cpp-python==0.3.36
+bench-peers: setup
+	$(PY) -m pip install --quiet --no-binary llama-cpp-python $(LLAMA_CPP_SPEC)
 
 # pyflakes and import order (pyproject's [tool.ruff]); .ci/run runs it before the tests.
 lint: setup

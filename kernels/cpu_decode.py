@@ -2,6 +2,7 @@
 
     paged_decode.cpp   decode attention over selected (or all) K/V tiles, in place
     route.cpp          block scoring, and scoring + block distribution + top-k in one pass
+    qlinear.cpp        weight-only 4- and 8-bit matmuls over a GGUF file's own codes (`sparsekv.model.quant`)
     simd.h             the 16-lane vector type both are written in (AVX-512, or portable loops)
     register.cpp       the torch.library registration (torch.ops.sparsekv_cpu.*)
 
@@ -38,7 +39,7 @@ import torch
 
 _DIR = Path(__file__).resolve().parent / "cpu"
 _SOURCE = _DIR / "paged_decode.cpp"
-_SOURCES = (_SOURCE, _DIR / "route.cpp", _DIR / "register.cpp")
+_SOURCES = (_SOURCE, _DIR / "route.cpp", _DIR / "qlinear.cpp", _DIR / "register.cpp")
 _HEADERS = (_DIR / "simd.h",)
 _lock = threading.Lock()
 _state: dict = {}
@@ -178,3 +179,20 @@ def route_topk(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, table: torch.T
         raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
     blocks, mass = torch.ops.sparsekv_cpu.route_topk(q, a, b, table, kind, top_k, sink, local)
     return blocks, mass
+
+
+def qlinear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int,
+            group: int) -> torch.Tensor:
+    """y [M, N] float32 = x [M, K] float32 . W^T for W held as codes (`cpu/qlinear.cpp`: bits 4, uint8 [N, K / 2]
+    packed in GGUF's nibble order; bits 8, int8 [N, K]) with float32 scale, offset [N, K / group]:
+    w = fma(code, scale, offset)."""
+    if load() is None:
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
+    return torch.ops.sparsekv_cpu.qlinear(x, codes, scale, offset, bits, group)
+
+
+def qdequant(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    """W [N, K] float32 from the layout of `qlinear` (the same fma per weight)."""
+    if load() is None:
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
+    return torch.ops.sparsekv_cpu.qdequant(codes, scale, offset, bits, group)

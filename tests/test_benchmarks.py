@@ -39,3 +39,22 @@ def test_the_router_cost_benchmark_runs_and_charges_what_each_router_reads(tmp_p
         assert all(case[f"{r}.us"] > 0 for r in d["routers"])
     big = d["cases"][-1]                              # 1,025 blocks: 16 complete groups of 64, 4 refined, and the tail
     assert big["hminmax-g64-k4.summary_bytes"] < big["minmax (fused).summary_bytes"]
+
+
+def test_the_llama_cpp_benchmark_runs_on_a_short_prompt(tmp_path):
+    """Only where its peer is installed (`make bench-peers`; never in `make test`'s set-up): both engines on the same
+    ids, a TPOT and a floor for each, and the figure."""
+    import pytest
+    pytest.importorskip("llama_cpp")
+    from benchmarks import bench_vs_llamacpp
+    from sparsekv.model import fetch
+    if not fetch.model_path(fetch.SMOLLM2, bench_vs_llamacpp.ROOT).is_file():
+        pytest.skip("SmolLM2's GGUF is not fetched")
+    out = tmp_path / "vs.json"
+    assert bench_vs_llamacpp.main(["--models", "smollm2", "--lengths", "300", "--steps", "2", "--repeats", "2",
+                                   "--skip-agreement", "--skip-profile", "--out", str(out)]) == 0
+    (case,) = json.loads(out.read_text())["cases"]
+    for k in ("llamacpp", "sparsekv_dense", "sparsekv_routed"):
+        assert case[f"{k}_tpot_s"] > 0 and case[f"{k}_floor_s"] > 0
+    assert case["sparsekv_weight_bytes"] < case["llamacpp_weight_bytes"] * 1.5        # the file's codes, not float32
+    assert out.with_suffix(".png").stat().st_size > 0

@@ -413,6 +413,16 @@ def bit_outputs(cases: list[dict]) -> list[torch.Tensor]:
         out.append(cpu_decode.minmax_scores(c["q"], c["lo"], c["hi"], c["table"]))
         for kind, (a, b) in ((0, (c["lo"], c["hi"])), (1, (c["lo"], c["lo"]))):
             out += list(cpu_decode.route_topk(c["q"], a, b, c["table"], kind, 7, 1, 1))
+    g = torch.Generator().manual_seed(11)           # the weight-only matmuls (qlinear.cpp), every layout
+    for bits, group, offset in ((4, 32, True), (8, 32, False), (8, 16, False), (8, 32, True)):
+        N, K = 45, 160
+        codes = (torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8) if bits == 4
+                 else torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8))
+        scale = torch.rand(N, K // group, generator=g)
+        off = torch.randn(N, K // group, generator=g) if offset else torch.zeros(0)
+        for M in (1, 3, 6):
+            out.append(cpu_decode.qlinear(torch.randn(M, K, generator=g), codes, scale, off, bits, group))
+        out.append(cpu_decode.qdequant(codes, scale, off, bits, group))
     return out
 
 

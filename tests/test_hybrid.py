@@ -456,14 +456,13 @@ def test_gemma_config_is_the_270m_one(gemma):
 
 
 @needs_gemma
-def test_the_gemma_tokenizer_is_the_file_s_own_and_transformers_is_not():
+def test_the_gemma_tokenizer_is_the_file_s_own():
     """The ids of a plain sentence under Gemma 3's SentencePiece vocabulary (BOS 2 first; every piece read from the
-    file's own tables). transformers' GGUF tokenizer for Gemma 3 splits the same text differently."""
+    file's own tables). transformers' GGUF tokenizer for Gemma 3 splits the same text differently (measured with
+    transformers 5.2; not re-checked here, since building that tokenizer takes about 50 s)."""
     tok = sk.load_tokenizer(GEMMA)
     assert tok.encode("The capital of France is") == [2, 818, 5279, 529, 7001, 563]
     assert tok.decode(tok.encode("  two  spaces\nand a line")[1:]) == "  two  spaces\nand a line"
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(GEMMA.parent), gguf_file=GEMMA.name)
-    assert hf_tok("The capital of France is")["input_ids"] != [2, 818, 5279, 529, 7001, 563]
 
 
 @needs_gemma

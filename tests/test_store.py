@@ -174,3 +174,34 @@ def test_summary_bytes_reported_apart_from_kv(store):
     c = store.config
     assert store.kv_bytes() == 2 * c.num_layers * c.num_blocks * c.num_kv_heads * c.block_size * c.head_dim * 4
     assert store.summary_bytes() == c.num_layers * c.num_blocks * c.num_kv_heads * (3 + c.repr_keys) * c.head_dim * 4
+
+
+@pytest.mark.parametrize("dtype,summary_dtype", [(torch.float32, None), (torch.bfloat16, None),
+                                                 (torch.float32, torch.bfloat16), (torch.float16, torch.bfloat16)])
+def test_one_token_writes_extend_minmax_summaries_exactly_as_a_recompute(dtype, summary_dtype):
+    """Invariant 8 on the decode path: a store keeping only kmin/kmax extends them in place on one-token writes
+    (`Summary.extend`); after every write they equal a second store's, which recomputes them from the tiles
+    (kmean kept there forces the recompute), bit for bit, across block boundaries and a fork's copy-on-write."""
+    base = dict(num_layers=2, num_kv_heads=3, head_dim=24, block_size=4, num_blocks=32, dtype=dtype,
+                summary_dtype=summary_dtype, repr_keys=0)
+    fast = sk.BlockStore(sk.StoreConfig(**base, summaries=("kmin", "kmax")))
+    slow = sk.BlockStore(sk.StoreConfig(**base, summaries=("kmin", "kmax", "kmean")))
+    assert fast._extend and not slow._extend
+    g = torch.Generator().manual_seed(5)
+    k0, v0 = torch.randn(2, 6, 3, 24, generator=g).to(dtype), torch.randn(2, 6, 3, 24, generator=g).to(dtype)
+    seqs = {}
+    for name, st in (("fast", fast), ("slow", slow)):
+        s = st.new_sequence()
+        st.append(s, k0, v0)                           # a prefill: 6 tokens, a partial second block
+        seqs[name] = [s, st.fork(s)]                   # the fork's first write copies the shared partial block
+    for step in range(11):
+        k, v = torch.randn(2, 1, 3, 24, generator=g).to(dtype), torch.randn(2, 1, 3, 24, generator=g).to(dtype)
+        for name, st in (("fast", fast), ("slow", slow)):
+            seq = seqs[name][step % 2]
+            res = st.reserve(seq, 1)
+            for layer in range(2):
+                st.write(res, layer, k[layer], v[layer])
+        for b in set(seqs["fast"][0].block_ids) | set(seqs["fast"][1].block_ids):
+            for name in ("kmin", "kmax"):
+                assert torch.equal(fast.summary(name)[:, b], slow.summary(name)[:, b]), (step, b, name)
+    assert seqs["fast"][0].block_ids == seqs["slow"][0].block_ids       # the same blocks on both stores

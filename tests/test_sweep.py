@@ -14,6 +14,9 @@ from sparsekv.suite import sweep as sw
 from sparsekv.suite.runner import run_notebook
 
 pytest.importorskip("ray")
+# One worker runs every Ray test (make test runs pytest-xdist with --dist loadgroup): the kill-and-resume test stops
+# every Ray process on the machine, which would take another worker's embedded Ray with it.
+pytestmark = pytest.mark.xdist_group("ray")
 TINY = REPO / "tests" / "data" / "sweep_tiny.ipynb"
 
 
@@ -112,3 +115,16 @@ def test_plot_draws_a_metric_against_a_parameter(tmp_path):
     assert len(ax.lines) >= 2 and ax.get_xlabel() == "a"
     with pytest.raises(ValueError, match="no finished cell"):
         sw.plot(df, "nope", "a")
+
+
+def test_the_progress_bar_counts_cells_running_from_their_scratch_folders(tmp_path):
+    """`running` counts a pending cell while its scratch folder (made when `run_cell` starts) exists, once per cell,
+    and ignores a finished cell's folder, a cell no longer pending and scratch left by an interrupted earlier run."""
+    cells = tmp_path / "cells"
+    since = time.time_ns()
+    for name in (f".aaaa.11.{since + 5}", f".aaaa.12.{since + 9}",   # one cell, two scratch folders: counted once
+                 f".bbbb.13.{since + 1}", f".cccc.14.{since - 10}",   # cccc: left over from before this run
+                 "dddd", f".eeee.15.{since + 2}"):                    # dddd finished; eeee no longer pending
+        (cells / name).mkdir(parents=True)
+    assert sw.running(cells, {"aaaa", "bbbb", "cccc", "dddd"}, since) == 2
+    assert sw.running(tmp_path / "absent", {"aaaa"}, since) == 0

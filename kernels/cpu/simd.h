@@ -125,6 +125,16 @@ inline void hsum4(V16 a, V16 b, V16 c, V16 d, float* out) {
 }
 template <typename T>
 inline void prefetch_l2(const T* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+// Quantised weight codes (qlinear.cpp), widened exactly: 16 int8 codes; or 16 bytes of 4-bit codes, the
+// low nibbles as lanes 0..15 of lo and the high nibbles as lanes 0..15 of hi.
+inline V16 load_i8(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+inline void load_u4(const uint8_t* p, V16& lo, V16& hi) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  lo.v = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+  hi.v = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+}
 
 #else
 
@@ -180,6 +190,10 @@ inline V16 pow2(V16 n) {
 }
 template <typename T>
 inline void prefetch_l2(const T* p) { __builtin_prefetch(p, 0, 2); }
+inline V16 load_i8(const int8_t* p) { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = static_cast<float>(p[i]); return r; }
+inline void load_u4(const uint8_t* p, V16& lo, V16& hi) {
+  for (int i = 0; i < kLanes; ++i) lo.v[i] = static_cast<float>(p[i] & 15), hi.v[i] = static_cast<float>(p[i] >> 4);
+}
 
 #endif
 

@@ -75,8 +75,24 @@ def config_from_hf(hf) -> ModelConfig:
     )
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Model:
-    """Load `path` (a local folder with config.json and *.safetensors, or a `.gguf` file) as a `Model` in `dtype`."""
+WEIGHTS = ("float32", "gguf")
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, weights: str = "float32") -> Model:
+    """Load `path` (a local folder with config.json and *.safetensors, or a `.gguf` file) as a `Model` in `dtype`.
+
+    weights: "float32" (the default and the parity reference: every weight dequantised to `dtype`) or "gguf" (a
+    `.gguf` file's own quantised tensors, multiplied in place by the CPU kernel: `model.quant`; float32 only).
+    """
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    if weights == "gguf":
+        if Path(path).suffix != ".gguf":
+            raise ValueError(f"weights='gguf' needs a .gguf file as path, got {path}")
+        if dtype != torch.float32:
+            raise ValueError(f"weights='gguf' runs in float32; dtype must be torch.float32, got {dtype}")
+        from .quant import quantize_from_gguf
+        return quantize_from_gguf(load_model(path, dtype), path)
     path = _checkpoint_folder(path)
     if not path.is_dir() or not (path / "config.json").exists():
         raise FileNotFoundError(f"path must be a local checkpoint folder with config.json; {path} has none "

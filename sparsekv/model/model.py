@@ -220,18 +220,23 @@ class Attention(Mixer):
         # the kernels scale q.k by 1/sqrt(D); another scale (Gemma's query_pre_attn_scalar) is folded into q
         D = cfg.head_dim
         self.q_gain = cfg.attn_scale * math.sqrt(D) if cfg.attn_scale and abs(cfg.attn_scale * math.sqrt(D) - 1) > 1e-12 else None
+        self.qkv_proj = None        # q, k and v in one projection (the gguf weights mode fuses them: `model.quant`)
+        self._sizes = (cfg.n_heads * D, cfg.n_kv_heads * D, cfg.n_kv_heads * D)
 
     def qkv(self, x, cos, sin):
         """x [..., T, dim] -> q [..., T, Hq, D], k and v [..., T, H, D], rotary applied to q and k (after their norms)."""
         c, D = self.cfg, self.cfg.head_dim
-        q = self.q_proj(x).unflatten(-1, (c.n_heads, D))
-        k = self.k_proj(x).unflatten(-1, (c.n_kv_heads, D))
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(self._sizes, -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = q.unflatten(-1, (c.n_heads, D)), k.unflatten(-1, (c.n_kv_heads, D))
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.q_gain is not None:
             q = q * self.q_gain
-        return q, k, self.v_proj(x).unflatten(-1, (c.n_kv_heads, D))
+        return q, k, v.unflatten(-1, (c.n_kv_heads, D))
 
     def step(self, x, state, ctx: StepContext):
         T = x.shape[0]
@@ -265,8 +270,12 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
         self.act = ACTIVATIONS[cfg.hidden_act]
+        self.gate_up_proj = None    # gate and up in one projection (the gguf weights mode fuses them: `model.quant`)
 
     def forward(self, x):
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, -1)
+            return self.down_proj(self.act(gate) * up)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -435,7 +444,7 @@ class Model(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        return self.norm.weight.dtype          # the final norm is a float module in every weights mode
 
     def rotary(self, positions: torch.Tensor, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, D] of `positions` [T]; `local`: the sliding-window layers' base."""

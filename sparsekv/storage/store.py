@@ -269,6 +269,8 @@ class BlockStore:
         # are indexed by block id and never leave memory, so routing never waits for the cold tier.
         self._summaries = {n: make_summary(n) for n in c.summaries}
         self._summary_data = {n: s.allocate(c) for n, s in self._summaries.items()}
+        # one-token writes of float K/V extend the summaries in place when every one has an exact rule for it
+        self._extend = not self.codec.quantized and all(s.incremental for s in self._summaries.values())
         self.residency = (Tiered if c.tiered else AllHot)(self, self._kv)
         self.tiers = self.residency.tiers         # the cold tier's TierTable, or None
         self.workspace = Workspace(c.device)     # scratch for the decode fast path
@@ -554,7 +556,19 @@ class BlockStore:
     def _write(self, res: Reservation, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         for blocks, lo, hi, rows in self.residency.writes(layer, res):
             self.codec.write(self._kv, layer, rows, res.offset[lo:hi], k[lo:hi], v[lo:hi])
-            self._refresh_summaries(layer, list(blocks))
+            if hi - lo == 1 and self._extend:
+                self._extend_summaries(layer, int(blocks[0]), k[lo])
+            else:
+                self._refresh_summaries(layer, list(blocks))
+
+    def _extend_summaries(self, layer: int, block: int, row: torch.Tensor) -> None:
+        """The summaries of `block` after one row [H, D] (as stored) was appended to it: each summary's exact
+        incremental rule (`Summary.extend`), equal to recomputing them from the block's rows (invariant 8)."""
+        first = self.table.fill[block] == 1
+        dtype = self.config.summary_dtype
+        for name, summary in self._summaries.items():
+            data = self._summary_data[name]
+            data[layer, block] = cast(summary.extend(data[layer, block], row.float(), first), dtype, summary.rounding)
 
     def _refresh_summaries(self, layer: int, blocks: list[int]) -> None:
         """Recompute the summaries of `blocks` in `layer` from their valid rows (invariant 8)."""

@@ -60,6 +60,12 @@ class Summary:
 
     name = ""
     rounding = "nearest"
+    incremental = False          # `extend` is exact: one appended row updates the summary as a recompute would
+
+    def extend(self, old: torch.Tensor, row: torch.Tensor, first: bool) -> torch.Tensor:
+        """The summary [H, D] float32 of a tile after appending `row` [H, D] float32 (as stored) to it; `old` is
+        its summary before (stale when `first`: the row is the tile's only valid one). Only where `incremental`."""
+        raise NotImplementedError
 
     def vectors(self, config) -> int:
         """head_dim vectors kept per tile."""
@@ -93,19 +99,27 @@ class Summary:
 class KeyMin(Summary):
     """Channel-wise minimum of the block's keys (half of Quest's bound)."""
 
-    name, rounding = "kmin", "down"
+    name, rounding, incremental = "kmin", "down", True
 
     def compute(self, tiles, config):
         return torch.where(tiles.valid, tiles.values, torch.inf).amin(2)
+
+    def extend(self, old, row, first):
+        # exact: a stored min is the min of its rows rounded down, and rounding down is monotone, so
+        # round_down(min(rows, row)) = min(round_down(min(rows)), round_down(row)) = min(old, round_down(row))
+        return row if first else torch.minimum(old.float(), row)
 
 
 class KeyMax(Summary):
     """Channel-wise maximum of the block's keys (the other half of Quest's bound)."""
 
-    name, rounding = "kmax", "up"
+    name, rounding, incremental = "kmax", "up", True
 
     def compute(self, tiles, config):
         return torch.where(tiles.valid, tiles.values, -torch.inf).amax(2)
+
+    def extend(self, old, row, first):
+        return row if first else torch.maximum(old.float(), row)      # exact, as KeyMin's
 
 
 class KeyMean(Summary):

@@ -183,6 +183,19 @@ def run_cell(notebook: str, params: dict, cell_dir: str, threads: int, timeout: 
     return status
 
 
+def running(cells: Path, keys: set[str], since: int) -> int:
+    """How many of the cells `keys` are executing now: those with a scratch folder (`.KEY.PID.NS`, made when
+    `run_cell` starts and renamed into place when it ends) started at or after `since` (time.time_ns(); older
+    ones are left by an interrupted run)."""
+    live = set()
+    for d in cells.iterdir() if cells.is_dir() else ():
+        parts = d.name.split(".")
+        if d.name.startswith(".") and len(parts) == 4 and parts[1] in keys and parts[3].isdigit() \
+                and int(parts[3]) >= since:
+            live.add(parts[1])
+    return len(live)
+
+
 def cell_status(cell_dir: Path) -> dict | None:
     """The status record of a finished cell, or None."""
     path = cell_dir / "status.json"
@@ -244,11 +257,14 @@ def _run_on_ray(notebook, grid, out, todo, address, workers, timeout, progress, 
         else:
             ray.init(address=address, **kw)
     task = ray.remote(num_cpus=grid.threads, num_gpus=grid.gpus, max_retries=0)(run_cell)
+    since = time.time_ns()
     pending = {task.remote(str(notebook), p, str(out / "cells" / k), grid.threads, timeout): k for k, p in todo}
     bar = tqdm(total=len(todo), desc=f"sweep {notebook.stem}", unit="cell", disable=not progress)
     try:
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            now = running(out / "cells", set(pending.values()), since)
+            bar.set_postfix(running=now, queued=len(pending) - now, failed=len(result.failed), refresh=not done)
             for ref in done:
                 key = pending.pop(ref)
                 try:
@@ -259,7 +275,6 @@ def _run_on_ray(notebook, grid, out, todo, address, workers, timeout, progress, 
                 if st["status"] != "ok":
                     result.failed.append(key)
                 bar.update()
-                bar.set_postfix(waiting=len(pending), failed=len(result.failed))   # running or queued
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref, force=True)
