@@ -36,11 +36,8 @@ notebooks: setup model
 smoke: setup model
 	$(PY) -m sparsekv notebooks smoke
 
-# One pytest worker per core (pytest-xdist; `--dist loadgroup` keeps the Ray tests on one worker). Most tests are
-# single-threaded Python, so two workers on two cores take about half the serial wall time. TEST_WORKERS=0 runs serially.
-TEST_WORKERS ?= auto
 test: setup model
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q
 
 # The peer of benchmarks/bench_vs_llamacpp.py, never part of `make test`: llama-cpp-python built from its PyPI source
 # (about 4 minutes on 2 cores; CMake and a C++ compiler needed), at the version the committed results measured.

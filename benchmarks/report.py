@@ -156,6 +156,11 @@ def router_cost_table(path: Path = RESULTS / "router_cost.json") -> str:
     return "\n".join(lines)
 
 
+def _verdict(d: dict) -> str:
+    from benchmarks.bench_vs_llamacpp import verdict
+    return verdict(d).replace("\n", "; ") + "."
+
+
 def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
     if not path.exists():
         return "sparsekv against llama.cpp: not yet measured (`make bench-peers`, then `python -m benchmarks.bench_vs_llamacpp`)."
@@ -166,7 +171,8 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
              f"{(d['repeats'] - 1) * d['steps']} greedy steps per engine in {d['repeats'] - 1} interleaved rounds after a "
              f"warm-up round; routed is `minmax` at a {d['budget_tokens']}-token budget. Floors: a step's bytes (weights "
              f"as held, K/V and summaries read) over this run's read bandwidth ({d['read_bandwidth_Bps'] / 1e9:.1f} GB/s):",
-             "", "| model | tokens | prefill sparsekv / llama.cpp | TPOT llama.cpp | TPOT sparsekv dense | TPOT sparsekv routed "
+             "", "Where sparsekv is no slower than llama.cpp in this run (`bench_vs_llamacpp.verdict`, from the rows below): "
+             + _verdict(d), "", "| model | tokens | prefill sparsekv / llama.cpp | TPOT llama.cpp | TPOT sparsekv dense | TPOT sparsekv routed "
              "| dense / llama.cpp | routed / llama.cpp | x floor: llama.cpp, dense, routed |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in d["cases"]:

@@ -136,10 +136,19 @@ def test_smollm2_in_gguf_mode_holds_the_file_s_weights_and_decodes_as_float32_do
     q4 = sk.load_model(path, weights="gguf")
     mods = dict(f32.named_modules())
     linears = [(n, m) for n, m in q4.named_modules() if isinstance(m, quant.QuantLinear)]
-    assert len(linears) == 7 * f32.config.n_layers + 1                  # every projection, and the tied lm_head
+    fused = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj": ("gate_proj", "up_proj")}
+    # every projection, the tied lm_head, and per layer the fused q/k/v and gate/up (all Q4_1: one layout)
+    assert len(linears) == (7 + 2) * f32.config.n_layers + 1
     for name, m in linears:
-        ref = mods["lm_head" if name == "embed_tokens.table" else name].weight
+        tail = next((t for t in fused if name.endswith(t)), None)
+        if tail is None:
+            ref = mods["lm_head" if name == "embed_tokens.table" else name].weight
+        else:                                                           # its rows are its parts', in order
+            head = name[:-len(tail)] + tail.split(".")[0]
+            ref = torch.cat([mods[f"{head}.{part}"].weight for part in fused[tail]])
         assert torch.equal(m.dequantized(), ref), name                  # the q/k rows unpermuted as transformers does
+    assert q4.layers[0].self_attn.q_proj.codes.untyped_storage().data_ptr() == \
+        q4.layers[0].self_attn.qkv_proj.codes.untyped_storage().data_ptr()      # one copy: the parts are its rows
     held = quant.weight_bytes(q4)
     assert held["total"] < 0.25 * quant.weight_bytes(f32)["total"]
     tok = sk.load_tokenizer(path)

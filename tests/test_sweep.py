@@ -14,9 +14,6 @@ from sparsekv.suite import sweep as sw
 from sparsekv.suite.runner import run_notebook
 
 pytest.importorskip("ray")
-# One worker runs every Ray test (make test runs pytest-xdist with --dist loadgroup): the kill-and-resume test stops
-# every Ray process on the machine, which would take another worker's embedded Ray with it.
-pytestmark = pytest.mark.xdist_group("ray")
 TINY = REPO / "tests" / "data" / "sweep_tiny.ipynb"
 
 
