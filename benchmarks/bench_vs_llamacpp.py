@@ -70,8 +70,7 @@ class LlamaCpp:
         self.vocab = self.llm.n_vocab()
 
     def reset(self) -> None:
-        self.llm.reset()
-        self.llm._ctx.kv_cache_clear() if hasattr(self.llm._ctx, "kv_cache_clear") else None
+        self.llm.reset()          # n_tokens = 0: the next eval removes every cached position from 0 on
 
     def eval(self, ids: list[int]) -> None:
         self.llm.eval(ids)
