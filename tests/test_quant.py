@@ -59,20 +59,6 @@ def random_weight(bits, group, offset, N, K, g) -> quant.QuantWeight:
     return quant.QuantWeight(codes, scale, off, bits, group)
 
 
-def float64_weight(w: quant.QuantWeight) -> torch.Tensor:
-    """W [N, K] float64 of the layout, unrounded."""
-    exact = quant.QuantWeight(w.codes, w.scale.double(), w.offset.double(), w.bits, w.group)
-    if w.bits == 4:
-        n = w.codes.shape[0]
-        q = torch.cat(((w.codes & 15).view(n, -1, 16), (w.codes >> 4).view(n, -1, 16)), -1).reshape(n, -1)
-    else:
-        q = w.codes
-    out = q.double() * exact.scale.repeat_interleave(w.group, 1)
-    if w.offset.numel():
-        out = out + exact.offset.repeat_interleave(w.group, 1)
-    return out
-
-
 @kernel_only
 @pytest.mark.parametrize("bits,group,offset", layouts())
 @pytest.mark.parametrize("N,K,M", [(37, 96, 1), (5, 32, 2), (129, 576, 3), (64, 1536, 4), (7, 160, 5), (33, 64, 17)])
@@ -84,7 +70,7 @@ def test_the_kernel_matches_a_float64_reference(bits, group, offset, N, K, M):
     x = torch.randn(M, K, generator=g)
     lin = quant.QuantLinear(w)
     y = lin(x)
-    W = float64_weight(w)
+    W = quant.dequantize(w, torch.float64)                 # unrounded
     ref = x.double() @ W.T
     bound = 2 * (K / 64 + 8) * U * (x.double().abs() @ W.abs().T)
     assert y.dtype == torch.float32 and y.shape == (M, N)

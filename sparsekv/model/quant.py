@@ -59,10 +59,6 @@ class QuantWeight:
         n, kc = self.codes.shape
         return n, kc * 2 if self.bits == 4 else kc
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.offset))
-
     def rows(self, idx: torch.Tensor) -> "QuantWeight":
         """The rows `idx` [R] int64 (an output-row permutation or selection)."""
         offset = self.offset[idx].contiguous() if self.offset.numel() else self.offset
@@ -70,9 +66,9 @@ class QuantWeight:
                            self.source)
 
 
-def dequantize(w: QuantWeight) -> torch.Tensor:
-    """The plain-torch reference of the layout: W [N, K] float32, w = code * scale + offset with one rounding
-    (computed in float64, then rounded: the fma's value)."""
+def dequantize(w: QuantWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The plain-torch reference of the layout: W [N, K] in `dtype`, w = code * scale + offset computed in float64
+    and rounded once (float32: the kernel's fma value; float64: the unrounded reference tests compare against)."""
     if w.bits == 4:
         n = w.codes.shape[0]
         lo, hi = (w.codes & 15).view(n, -1, 16), (w.codes >> 4).view(n, -1, 16)
@@ -81,8 +77,8 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
         q = w.codes
     s = w.scale.double().repeat_interleave(w.group, 1)
     if not w.offset.numel():
-        return (q.double() * s).float()
-    return (q.double() * s + w.offset.double().repeat_interleave(w.group, 1)).float()
+        return (q.double() * s).to(dtype)
+    return (q.double() * s + w.offset.double().repeat_interleave(w.group, 1)).to(dtype)
 
 
 # ---- GGUF block formats -> QuantWeight (numpy, one tensor at a time) ------------------------------------------
@@ -202,10 +198,6 @@ class QuantLinear(nn.Module):
     def weight_q(self) -> QuantWeight:
         return QuantWeight(self.codes, self.scale, self.offset, self.bits, self.group, self.source)
 
-    @property
-    def nbytes(self) -> int:
-        return self.weight_q.nbytes
-
     def dequantized(self) -> torch.Tensor:
         """W [N, K] float32."""
         if self._dequant is None:
@@ -215,14 +207,11 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             raise TypeError(f"x must be float32 (the gguf weights mode runs in float32), got {x.dtype}")
-        if x.dim() == 2 and x.shape[0] <= DECODE_ROWS and self._op is not None:       # a decode step: the kernel
-            y = self._op(x, self.codes, self.scale, self.offset, self.bits, self.group)
-            return y if self.bias is None else y + self.bias
-        x2 = x.reshape(-1, self.in_features)
-        if x2.shape[0] <= DECODE_ROWS and self._op is not None:
+        x2 = x.reshape(-1, self.in_features)                  # a view: decode's x is [B, K] already
+        if x2.shape[0] <= DECODE_ROWS and self._op is not None:                  # a decode step: the kernel
             y = self._op(x2, self.codes, self.scale, self.offset, self.bits, self.group)
             y = y if self.bias is None else y + self.bias
-        else:
+        else:                                                                    # a prefill chunk: MKL
             y = F.linear(x2, self.dequantized(), self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
@@ -292,7 +281,7 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path) -> nn.Module:
         kind = t.tensor_type.name
         if kind not in FORMATS:
             continue
-        name = t.name.removesuffix(".weight")
+        name, part = t.name.removesuffix(".weight"), None
         if name == "token_embd":
             target = "lm_head" if cfg.tie_embeddings else "embed_tokens"
         elif name == "output":
@@ -303,8 +292,8 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path) -> nn.Module:
                 raise ValueError(f"unexpected quantised tensor {t.name!r} in {gguf_path}")
             target = f"layers.{i}.{_NAMES[part]}"
         w = from_gguf_bytes(t.data, kind)
-        if arch == "llama" and part_of(name) in ("attn_q", "attn_k"):
-            heads = cfg.n_heads if part_of(name) == "attn_q" else cfg.n_kv_heads
+        if arch == "llama" and part in ("attn_q", "attn_k"):
+            heads = cfg.n_heads if part == "attn_q" else cfg.n_kv_heads
             w = w.rows(_unpermute_rows(w.shape[0], heads))
         if target == "embed_tokens":
             model.embed_tokens = QuantEmbedding(QuantLinear(w))
@@ -322,13 +311,7 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path) -> nn.Module:
             attn.qkv_proj = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
         if isinstance(mlp.gate_proj, QuantLinear) and isinstance(mlp.up_proj, QuantLinear):
             mlp.gate_up_proj = fuse([mlp.gate_proj, mlp.up_proj])
-    model.weights_mode = "gguf"
     return model
-
-
-def part_of(name: str) -> str:
-    """"blk.3.attn_q" -> "attn_q"; any other name -> itself."""
-    return name.split(".", 2)[2] if name.startswith("blk.") else name
 
 
 def weight_bytes(model: nn.Module) -> dict[str, int]:
