@@ -30,8 +30,13 @@ $(KERNEL): $(STAMP)
 model: setup
 	$(PY) -m sparsekv fetch --model all
 
+# The full suite as one Ray sweep (suite.sweep): on 2 cores one notebook at a time with both cores, as a serial run;
+# with more cores, timing-free notebooks in parallel (2 threads each) and notebooks with timing findings alone.
+# Resumable: a notebook whose cell finished with the same cache key is not run again. SWEEP_ARGS passes options,
+# e.g. `make notebooks SWEEP_ARGS="--address auto"` for a Ray cluster; `python -m sparsekv notebooks run` is serial.
+SWEEP_ARGS ?=
 notebooks: setup model
-	$(PY) -m sparsekv notebooks run
+	$(PY) -m sparsekv notebooks run --sweep $(SWEEP_ARGS)
 
 smoke: setup model
 	$(PY) -m sparsekv notebooks smoke

@@ -2,7 +2,7 @@
 
 Storage (the `BlockStore`) and compute routing (the `Router`) are decoupled: blocks stay
 exact and shareable, and each decode step reads only the blocks its router selects.
-Importing this package has no side effects and needs no GPU.
+Importing this package has no side effects, needs no GPU and imports no submodule until a name is used.
 
 The data path reads one way, each layer importing only those below it:
 
@@ -13,32 +13,44 @@ studies/ holds one module per notebook, built from them.
 
 Every public name keeps its place at the top level (sparsekv.BlockStore, sparsekv.Router, ...).
 """
-from .analysis import metrics, probes
-from .attention.decode import (
-                               AttentionResult,
-                               all_blocks,
-                               batch_attention,
-                               dense_attention,
-                               prefill_attention,
-                               sparse_attention,
-)
-from .core.traffic import StepTraffic
-from .model.checkpoint import load_model, load_tokenizer
-from .model.engine import Engine, EngineConfig, RequestStats
-from .model.model import Model, ModelConfig
-from .routing.hierarchy import hierarchical
-from .routing.mass import block_attention_mass
-from .routing.router import ROUTERS, Router, RouterConfig, Selection
-from .routing.scorers import SCORERS, Scorer, register_scorer
-from .routing.selectors import SELECTORS, Selector, register_selector
-from .storage.block_pool import BlockPool, StoreFullError
-from .storage.block_table import BlockTable
-from .storage.cold import ColdBlockError
-from .storage.eviction import EvictionPolicy, register_policy
-from .storage.placement import PLACEMENTS, PlacementPolicy, register_placement
-from .storage.prefix_cache import PrefixCache, PrefixMatch
-from .storage.store import BlockStore, Reservation, Sequence, StoreConfig
-from .storage.summaries import SUMMARIES, Summary, register_summary
+
+# Each public name -> the module that defines it, imported on first use (PEP 562): `import sparsekv`
+# alone imports nothing heavy (not even torch), so light tools (the suite's report, the sweep's command line) start fast.
+_LAZY = {
+    "metrics": ".analysis.metrics", "probes": ".analysis.probes", "AttentionResult": ".attention.decode",
+    "all_blocks": ".attention.decode", "batch_attention": ".attention.decode",
+    "dense_attention": ".attention.decode", "prefill_attention": ".attention.decode",
+    "sparse_attention": ".attention.decode", "StepTraffic": ".core.traffic", "load_model": ".model.checkpoint",
+    "load_tokenizer": ".model.checkpoint", "Engine": ".model.engine", "EngineConfig": ".model.engine",
+    "RequestStats": ".model.engine", "Model": ".model.model", "ModelConfig": ".model.model",
+    "hierarchical": ".routing.hierarchy", "block_attention_mass": ".routing.mass", "ROUTERS": ".routing.router",
+    "Router": ".routing.router", "RouterConfig": ".routing.router", "Selection": ".routing.router",
+    "SCORERS": ".routing.scorers", "Scorer": ".routing.scorers", "register_scorer": ".routing.scorers",
+    "SELECTORS": ".routing.selectors", "Selector": ".routing.selectors", "register_selector": ".routing.selectors",
+    "BlockPool": ".storage.block_pool", "StoreFullError": ".storage.block_pool",
+    "BlockTable": ".storage.block_table", "ColdBlockError": ".storage.cold", "EvictionPolicy": ".storage.eviction",
+    "register_policy": ".storage.eviction", "PLACEMENTS": ".storage.placement",
+    "PlacementPolicy": ".storage.placement", "register_placement": ".storage.placement",
+    "PrefixCache": ".storage.prefix_cache", "PrefixMatch": ".storage.prefix_cache", "BlockStore": ".storage.store",
+    "Reservation": ".storage.store", "Sequence": ".storage.store", "StoreConfig": ".storage.store",
+    "SUMMARIES": ".storage.summaries", "Summary": ".storage.summaries", "register_summary": ".storage.summaries",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sparsekv' has no attribute {name!r}")
+    import importlib
+    mod = importlib.import_module(module, __name__)
+    value = mod if module.endswith("." + name) else getattr(mod, name)        # a submodule, or a name in one
+    globals()[name] = value              # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "StoreConfig", "BlockStore", "BlockTable", "Sequence", "Reservation", "StoreFullError", "BlockPool", "ColdBlockError",

@@ -28,7 +28,8 @@ from conftest import REPO
 SHOTS = REPO / "build" / "browser"
 INSTALL = "apt-get install -y chromium chromium-driver (Debian; `.ci/run` does this in CI)"
 # notebook stem -> (the control's description, the option to pick)
-DRIVE = {"routing": ("router", "recency"), "prefix_cache": ("tools", "reversed"), "router_reads": ("budget", "32")}
+DRIVE = {"routing": ("router", "recency"), "prefix_cache": ("tools", "reversed"), "router_reads": ("budget", "32"),
+         "sweep": ("x", "block_size")}
 
 
 def _find_browser():
@@ -56,6 +57,8 @@ def _copy_explorers(root: Path, saved: Path) -> list[str]:
         lines = [f"save_dir = {str(saved)!r}"]
         if "model_path" in src:
             lines.append(f"model_path = {str(REPO / 'data/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf')!r}")
+        if "sweep_dir" in src:
+            lines.append(f"sweep_dir = {str(REPO / 'sweeps/examples/01_budget_by_block')!r}")
         nb["cells"].insert(params + 1, {"cell_type": "code", "id": "injected", "metadata": {}, "execution_count": None,
                                         "outputs": [], "source": "\n".join(lines)})
         (root / path.name).write_text(json.dumps(nb))

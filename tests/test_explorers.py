@@ -70,6 +70,30 @@ def test_widgets_recompute_on_a_control_change(tmp_path):
     assert px.view.hit_tokens < hits and not px.errors
 
 
+EXAMPLE_SWEEP = REPO / "sweeps" / "examples" / "01_budget_by_block"
+
+
+def test_the_sweep_explorer_draws_what_the_sweep_s_table_holds(tmp_path):
+    """The committed example sweep (the README's grid over notebook 01): the explorer's view is `summarize` of the
+    folder's table, follows its controls, and refuses a folder with no sweep and a metric the sweep lacks."""
+    from sparsekv.suite import sweep
+    df = sweep.load(EXAMPLE_SWEEP)
+    ex = explorers.sweep_explorer(EXAMPLE_SWEEP, "mean.mass_recall@65536", "token_budget", "block_size",
+                                  save=tmp_path / "s.png")
+    assert ex.renders == 1 and (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG" and not ex.errors
+    want = sweep.summarize(df, "mean.mass_recall@65536", "token_budget", "block_size")
+    assert ex.view.equals(want) and int(want["n"].sum()) == 6
+    assert want.groupby("block_size")["mean"].is_monotonic_increasing.all()      # a larger budget reads more mass
+    ex.controls["x"].value = "block_size"             # by == x: one line
+    assert ex.renders == 2 and list(ex.view.columns[:1]) == ["block_size"] and not ex.errors
+    ex.controls["metric"].value = "minmax.mass_recall@65536"
+    assert ex.renders == 3 and ex.view.equals(sweep.summarize(df, "minmax.mass_recall@65536", "block_size"))
+    with pytest.raises(FileNotFoundError, match="no cells"):
+        explorers.sweep_explorer(tmp_path)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        explorers.sweep_explorer(EXAMPLE_SWEEP, "nope")
+
+
 @pytest.fixture(scope="module")
 def real():
     if not MODEL.exists():

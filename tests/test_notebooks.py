@@ -28,8 +28,7 @@ TIMING_FINDINGS = {"06_model_decode"}
 
 
 def has_timing(stem: str) -> bool:
-    path = baselines.baseline_path(stem, "smoke", root=REPO)
-    return path.exists() and "timing" in json.loads(path.read_text())["kinds"].values()
+    return baselines.has_timing(stem, REPO)
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_kernels_is_a_subpackage_not_top_level():
     assert importlib.util.find_spec("sparsekv.kernels") is not None
@@ -16,6 +18,20 @@ def test_import_has_no_heavy_side_effects():
     code = ("import sys, sparsekv; bad = [m for m in ('matplotlib', 'papermill', 'triton', 'transformers') "
             "if m in sys.modules]; sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0
+
+
+def test_the_package_imports_lazily():
+    """`import sparsekv` and the suite's report (what every notebook's last cell and the sweep's tiny cells import)
+    load no torch; a public name imports its module on first use; every registry is complete however it is reached."""
+    code = ("import sys, sparsekv, sparsekv.suite.report; assert 'torch' not in sys.modules, 'torch'; "
+            "from sparsekv.routing.scorers import SCORERS; assert 'hminmax' in SCORERS, sorted(SCORERS); "
+            "assert sparsekv.Engine.__module__ == 'sparsekv.model.engine' and sparsekv.metrics.__name__ == "
+            "'sparsekv.analysis.metrics' and set(sparsekv.__all__) <= set(dir(sparsekv))")
+    r = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        import sparsekv
+        sparsekv.Nope
 
 
 WHEEL_CHECK = r"""

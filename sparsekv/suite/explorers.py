@@ -3,6 +3,7 @@
     routing_explorer()          router, budget, block size, needle strength, channels, depth
     prefix_cache_explorer()     timestamp position, tool order, an edited history line, block size
     router_reads_explorer(...)  the real model: which text each router reads for an editable question
+    sweep_explorer(DIR)         a finished sweep (`python -m sparsekv sweep`): any metric against its parameters
 
 Each returns an `Explorer`: `.widget` (display it), `.controls` (name -> control), `.update()` (what a
 control change runs), `.view` (the last computed view) and `.readout` (an HTML widget with the numbers, CSS class
@@ -209,3 +210,69 @@ def _reads_html(view: explore.ReadsView) -> str:
                     f"</details>")
     where = "all layers" if view.layer is None else f"layer {view.layer}"
     return f"<div>answers, and the blocks each router read at the first answer step ({where}):</div>" + "".join(rows)
+
+
+# -- a finished sweep ---------------------------------------------------------------------------
+
+def sweep_explorer(out, metric: str | None = None, x: str | None = None, by: str | None = None,
+                   save=None) -> Explorer:
+    """Open the sweep in folder `out` (or a `sweep.load` table): choose a metric, the parameter on the x axis and
+    one to draw a line per value of; the readout tabulates what the figure draws (mean, n cells, interval).
+
+    Only parameters that vary across the sweep's cells are offered. Raises FileNotFoundError for a folder with no
+    finished cell, ValueError for a metric or parameter the sweep lacks."""
+    import ipywidgets as w
+
+    from . import sweep as sw
+    df = out if not isinstance(out, (str, Path)) else None
+    if df is None:
+        if not (Path(out) / "cells").is_dir():
+            raise FileNotFoundError(f"out: {out} holds no sweep (no cells/ folder); run `python -m sparsekv sweep "
+                                    f"NOTEBOOK --grid GRID.yaml --out {out}` first")
+        df = sw.load(out)
+    ok = df[df["status"] == "ok"] if len(df) else df
+    if ok.empty:
+        raise FileNotFoundError(f"out: the sweep in {out} has no finished cell")
+    metrics = sorted(m for m in ok["metric"].dropna().unique() if not m.endswith(sw.INTERVAL))
+    varying = [c for c in sw.parameters(df) if ok[c].nunique(dropna=False) > 1]
+    if not varying:
+        raise ValueError(f"the sweep in {out} varies no parameter: nothing to plot against")
+    metric = metric or metrics[0]
+    x = x or varying[0]
+    by = by if by is not None else (next((c for c in varying if c != x), None))
+    for name, value, allowed in (("metric", metric, metrics), ("x", x, varying), ("by", by, varying + [None])):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    c = {"metric": w.Dropdown(options=metrics, value=metric, description="metric", layout=w.Layout(width="40em")),
+         "x": w.Dropdown(options=varying, value=x, description="x"),
+         "by": w.Dropdown(options=[("(none)", None)] + [(v, v) for v in varying], value=by, description="lines by")}
+
+    def render(v):
+        by_ = v["by"] if v["by"] != v["x"] else None
+        table = sw.summarize(df, v["metric"], v["x"], by_)
+        return _sweep_html(table, v["metric"]), _sweep_figure(df, v["metric"], v["x"], by_), table
+
+    return _wire(c, render, True, save)
+
+
+def _sweep_figure(df, metric: str, x: str, by: str | None) -> bytes:
+    from matplotlib.figure import Figure
+
+    from . import sweep as sw
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    sw.plot(df, metric, x, by, ax=ax)
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _sweep_html(table, metric: str) -> str:
+    cols = [c for c in table.columns if c not in ("interval",)]
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{v:.4g}</td>" if isinstance(v, float) else f"<td>{html.escape(str(v))}</td>"
+                                    for v in row) + "</tr>" for row in table[cols].itertuples(index=False))
+    return (f"<div><b>{html.escape(metric)}</b> over {int(table['n'].sum())} finished cells "
+            f"(interval: {html.escape(', '.join(sorted(set(table['interval']))))})</div>"
+            f'<table style="font-size: 11px">{head and "<tr>" + head + "</tr>"}{body}</table>')

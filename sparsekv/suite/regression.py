@@ -35,6 +35,12 @@ def baseline_path(stem: str, mode: str = "smoke", root: Path | str = ".") -> Pat
     return root / BASELINES / f"{stem}.smoke.json" if mode == "smoke" else root / "figures" / f"{stem}.metrics.json"
 
 
+def has_timing(stem: str, root: Path | str = ".") -> bool:
+    """Whether the notebook's committed smoke baseline records a timing metric (its findings include timings)."""
+    path = baseline_path(stem, "smoke", root)
+    return path.exists() and "timing" in json.loads(path.read_text())["kinds"].values()
+
+
 def load_tolerances(path: Path | None = None, root: Path | str = ".") -> dict:
     path = path or Path(root) / BASELINES / "tolerances.yaml"
     if not path.exists():

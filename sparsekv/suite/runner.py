@@ -10,6 +10,11 @@
     baseline  a smoke run that re-records tests/baselines/NN.smoke.json; commit the change
               with the reason the metrics moved.
 
+    --sweep   any mode, with the notebooks as the cells of one Ray sweep (`suite.sweep`) under OUT/sweep/:
+              parallel where there are more cores than one notebook's threads (`--workers`, `--threads`), on a
+              cluster with `--address`, and resumable (a notebook whose cell finished with the same cache key is
+              not run again). Notebooks with timing findings run alone on their node. `make notebooks` uses it.
+
 Each notebook receives two injected parameters besides its own: `figures_dir` and
 `metrics_path` (absolute). Smoke runs also set `gate_timing: false` (notebooks/smoke.yaml):
 timing checks and timing metrics are recorded there but never fail, so `make test` passes on a
@@ -138,13 +143,17 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
 
 
 def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
-            timeout: int | None = None, stream=sys.stdout, root: Path | str = ".", cpu: str = "native") -> list[NotebookRun]:
+            timeout: int | None = None, stream=sys.stdout, root: Path | str = ".", cpu: str = "native",
+            sweep: bool = False, address: str | None = None, workers: int | None = None,
+            threads: int | None = None) -> list[NotebookRun]:
     """Run the selected notebooks in `mode` ("run", "smoke" or "baseline"), printing progress.
 
     cpu: a configuration of `suite.cpuconfig` the notebooks' kernels are forced into ("native": none).
+    sweep (or an `address`): run the notebooks as the cells of one Ray sweep (`suite.sweep.run_jobs`) in
+    `out/sweep/`, instead of one after another; see `sweep_jobs` for the CPUs each gets. A notebook whose cell
+    finished before with the same key is not run again.
     """
     from . import cpuconfig
-    from . import regression as baselines
     env = cpuconfig.environment(cpu)
     if mode not in ("run", "smoke", "baseline"):
         raise ValueError(f"mode must be 'run', 'smoke' or 'baseline', got {mode!r}")
@@ -157,30 +166,15 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
         out = out or root / "build" / "notebooks" / "smoke"
         figures = out / "figures"
     timeout = timeout or (1800 if mode == "run" else 300)
-    runs = []
-    for i, path in enumerate(paths, 1):
-        print(f"[{i}/{len(paths)}] {path.stem} ({mode}) ...", file=stream, flush=True)
-        params = {} if mode == "run" else smoke_parameters(path.stem, root)
-        ref_path = baselines.baseline_path(path.stem, "full" if mode == "run" else "smoke", root)
-        reference = json.loads(ref_path.read_text()) if ref_path.exists() else {}
-        run = run_notebook(path, out, figures, params, timeout, env=env)
-        run.reference = reference
-        if run.status == "ok":
-            if mode in ("run", "baseline"):
-                ref_path.parent.mkdir(parents=True, exist_ok=True)
-                ref_path.write_text(json.dumps(run.metrics, indent=1, sort_keys=True))
-            if mode == "smoke":
-                if not reference:
-                    run.status, run.error = "failed", f"no baseline at {ref_path}; record one with 'baseline'"
-                else:
-                    cmp = baselines.compare(reference, run.metrics, gate_timing=False, root=root)
-                    if not cmp.ok:
-                        run.status, run.regression = "regressed", cmp.table()
-                        (out / f"{path.stem}.diff.json").write_text(cmp.to_json())
-        print(f"[{i}/{len(paths)}] {path.stem}: {run.status} in {run.seconds:.1f}s"
-              + (f"\n    {run.error}" if run.error else "") + (f"\n{run.regression}" if run.regression else ""),
-              file=stream, flush=True)
-        runs.append(run)
+    params = {p.stem: {} if mode == "run" else smoke_parameters(p.stem, root) for p in paths}
+    if sweep or address is not None:
+        runs = _run_as_sweep(paths, params, mode, out, figures, timeout, env, root, address, workers, threads, stream)
+    else:
+        runs = []
+        for i, path in enumerate(paths, 1):
+            print(f"[{i}/{len(paths)}] {path.stem} ({mode}) ...", file=stream, flush=True)
+            runs.append(_settle(run_notebook(path, out, figures, params[path.stem], timeout, env=env), mode, out,
+                                root, f"[{i}/{len(paths)}] ", stream))
     print(summary_table(runs), file=stream, flush=True)
     if mode == "run" and all(r.status == "ok" for r in runs):
         from . import findings
@@ -190,6 +184,78 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
                   "README findings already match figures/*.metrics.json", file=stream, flush=True)
         except KeyError as exc:        # a finding cites a notebook that has not been run at full size yet
             print(f"README findings not re-rendered: {exc}", file=stream, flush=True)
+    return runs
+
+
+def _settle(run: NotebookRun, mode: str, out: Path, root: Path, tag: str, stream) -> NotebookRun:
+    """Compare a finished run with its reference, or record it as the reference (run, baseline); print it."""
+    from . import regression as baselines
+    ref_path = baselines.baseline_path(run.name, "full" if mode == "run" else "smoke", root)
+    run.reference = json.loads(ref_path.read_text()) if ref_path.exists() else {}
+    if run.status == "ok":
+        if mode in ("run", "baseline"):
+            ref_path.parent.mkdir(parents=True, exist_ok=True)
+            ref_path.write_text(json.dumps(run.metrics, indent=1, sort_keys=True))
+        if mode == "smoke":
+            if not run.reference:
+                run.status, run.error = "failed", f"no baseline at {ref_path}; record one with 'baseline'"
+            else:
+                cmp = baselines.compare(run.reference, run.metrics, gate_timing=False, root=root)
+                if not cmp.ok:
+                    run.status, run.regression = "regressed", cmp.table()
+                    (out / f"{run.name}.diff.json").write_text(cmp.to_json())
+    print(f"{tag}{run.name}: {run.status} in {run.seconds:.1f}s"
+          + (f"\n    {run.error}" if run.error else "") + (f"\n{run.regression}" if run.regression else ""),
+          file=stream, flush=True)
+    return run
+
+
+def sweep_jobs(paths: list[Path], params: dict[str, dict], mode: str, figures: Path, env: dict, root: Path,
+               threads: int) -> list:
+    """One `sweep.Job` per notebook. A notebook whose baseline records timing metrics asks for all of a node's
+    CPUs (cpus=None), so it runs alone there as in a serial run and its timings share the machine with nothing;
+    every other notebook asks for `threads` CPUs."""
+    from . import regression as baselines
+    from . import sweep as sw
+    version = sw.package_version()
+    mode_key = {"mode": "run" if mode == "run" else "smoke"}
+    return [sw.Job(sw.cell_key(p, {**params[p.stem], **mode_key}, version, env or None), p, params[p.stem],
+                   None if baselines.has_timing(p.stem, root) else threads, 0, figures, env) for p in paths]
+
+
+def _run_as_sweep(paths, params, mode, out, figures, timeout, env, root, address, workers, threads,
+                  stream) -> list[NotebookRun]:
+    """The notebooks as cells of one sweep in out/sweep/; each result is copied to out/ as a serial run leaves it.
+
+    Embedded Ray gets `workers` CPUs (default: the cores idle now, `threads.choose`) and each timing-free notebook
+    `threads` of them (default: min(2, workers)). On 2 idle cores that is one notebook at a time with both cores:
+    the serial run's schedule."""
+    import shutil
+
+    from . import sweep as sw
+    from . import threads as thr
+    workers = workers or thr.choose()
+    threads = threads or min(2, workers)
+    jobs = sweep_jobs(paths, params, mode, figures, env, root, threads)
+    print(f"sweep of {len(jobs)} notebooks ({mode}) in {out / 'sweep'}: "
+          + (f"embedded Ray, {workers} CPUs, {threads} per notebook" if address is None else f"Ray at {address}")
+          + "; notebooks with timing findings run alone", file=stream, flush=True)
+    res = sw.run_jobs(jobs, out / "sweep", address, workers, timeout, progress=True, desc=f"notebooks {mode}")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for i, (path, job) in enumerate(zip(paths, jobs), 1):
+        cell = out / "sweep" / "cells" / job.key
+        st = sw.cell_status(cell) or {"status": "failed", "error": "the cell left no status (its worker was lost)"}
+        metrics_path, executed = out / f"{path.stem}.metrics.json", out / path.name
+        for src, dst in ((cell / "metrics.json", metrics_path), (cell / path.name, executed)):
+            if src.exists():
+                shutil.copyfile(src, dst)
+        run = NotebookRun(path.stem, st["status"], st.get("seconds") or 0.0, metrics_path, executed,
+                          st.get("error", ""), detail=st.get("traceback", ""))
+        if metrics_path.exists() and (cell / "metrics.json").exists():
+            run.metrics = json.loads(metrics_path.read_text())
+        tag = f"[{i}/{len(paths)}] " + ("(finished before) " if job.key in res.skipped else "")
+        runs.append(_settle(run, mode, out, root, tag, stream))
     return runs
 
 
@@ -226,9 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: the current folder)")
     ap.add_argument("--cpu", choices=["native", "alt"], default="native",
                     help="force the notebooks' kernels into a CPU configuration (suite.cpuconfig; default: none)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="run the notebooks as cells of one Ray sweep (resumable; parallel where there are cores)")
+    ap.add_argument("--address", default=None, help="with --sweep: a Ray cluster ('auto' or ray://host:port)")
+    ap.add_argument("--workers", type=int, default=None, help="with --sweep: CPUs of the embedded Ray (default: idle cores)")
+    ap.add_argument("--threads", type=int, default=None, help="with --sweep: threads per timing-free notebook (default 2)")
     args = ap.parse_args(argv)
     try:
-        runs = run_all(args.mode, args.names or None, args.out, args.timeout, root=args.root, cpu=args.cpu)
+        runs = run_all(args.mode, args.names or None, args.out, args.timeout, root=args.root, cpu=args.cpu,
+                       sweep=args.sweep, address=args.address, workers=args.workers, threads=args.threads)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

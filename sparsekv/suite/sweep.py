@@ -24,7 +24,9 @@ go on; failed cells run again on the next invocation.
 
 `load(DIR)` returns every finished cell's metrics as one tidy pandas DataFrame (one row per cell and metric, the
 cell's parameters as columns); the sweep also writes it to `DIR/results.parquet` (CSV where pyarrow is missing).
-`plot(df, metric, x, by=None)` draws one metric against one parameter, a line per value of another.
+`plot(df, metric, x, by=None)` draws one metric against one parameter, a line per value of another, with the
+notebook's own interval where it records one (metrics `M.ci_lo`, `M.ci_hi`); `suite.explorers.sweep_explorer(DIR)`
+opens a finished sweep in JupyterLab.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 INJECTED = ("figures_dir", "metrics_path")       # set by the runner for every cell, never by a grid
+SOURCE_SUFFIXES = {".py", ".cpp", ".h", ".cu", ".cuh"}
 
 
 # -- the grid ----------------------------------------------------------------------------------
@@ -140,41 +143,62 @@ def validate(grid: Grid, notebook: str | Path) -> None:
 
 
 def package_version() -> str:
+    """The installed version, plus a digest of the package's own source files (`+src.` 12 hex digits).
+
+    The digest makes the cache key follow the code in an editable install, where the version number stays put
+    while the code under it changes: a cell re-runs after any edit to sparsekv's Python, C++ or CUDA sources."""
     from importlib import metadata
     try:
-        return metadata.version("sparsekv")
+        version = metadata.version("sparsekv")
     except metadata.PackageNotFoundError:
-        return "0+unknown"
+        version = "0+unknown"
+    return f"{version}+src.{source_digest()}"
 
 
-def cell_key(notebook: str | Path, params: dict, version: str | None = None) -> str:
-    """16 hex digits of sha256 over the notebook's cell sources, the parameters and the package version."""
+def source_digest() -> str:
+    """12 hex digits of sha256 over the relative path and bytes of every source file of the sparsekv package."""
+    pkg = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(p for p in pkg.rglob("*") if p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts):
+        h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def cell_key(notebook: str | Path, params: dict, version: str | None = None, env: dict | None = None) -> str:
+    """16 hex digits of sha256 over the notebook's cell sources, the parameters, the package version (with its
+    source digest) and, where given, the environment the cell's kernel is forced into (`cpuconfig`)."""
     nb = json.loads(Path(notebook).read_text())
     source = [(c["cell_type"], "".join(c["source"])) for c in nb["cells"]]
-    blob = json.dumps({"source": source, "params": params, "version": version or package_version()},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    spec = {"source": source, "params": params, "version": version or package_version()}
+    if env:
+        spec["env"] = env
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # -- one cell ----------------------------------------------------------------------------------
 
-def run_cell(notebook: str, params: dict, cell_dir: str, threads: int, timeout: int) -> dict:
-    """Execute one cell into `cell_dir` atomically; returns its status record. Runs in a Ray worker (or inline)."""
+def run_cell(notebook: str, params: dict, cell_dir: str, threads: int, timeout: int,
+             figures_dir: str | None = None, env: dict | None = None) -> dict:
+    """Execute one cell into `cell_dir` atomically; returns its status record. Runs in a Ray worker (or inline).
+
+    threads: the kernel's OMP/MKL threads (the CPUs Ray reserved). figures_dir: where the notebook draws (default
+    the cell's own `figures/`). env: more variables for the kernel (a `cpuconfig` configuration)."""
     from .runner import run_notebook
     final = Path(cell_dir)
     scratch = final.parent / f".{final.name}.{os.getpid()}.{time.time_ns()}"
     scratch.mkdir(parents=True)
     t0 = time.time()
-    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = {**(env or {}), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     try:
-        run = run_notebook(Path(notebook), scratch, scratch / "figures", params, timeout=timeout, env=env)
+        run = run_notebook(Path(notebook), scratch, Path(figures_dir) if figures_dir else scratch / "figures", params,
+                           timeout=timeout, env=env)
         status = {"status": run.status, "error": run.error, "traceback": run.detail, "seconds": run.seconds}
         if run.metrics_path.exists():
             os.replace(run.metrics_path, scratch / "metrics.json")
     except Exception as exc:                # the runner itself failed (a missing kernel, a full disk)
         status = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
                   "seconds": time.time() - t0}
-    status.update(params=params, notebook=Path(notebook).name, finished=time.time(), pid=os.getpid())
+    status.update(params=params, notebook=Path(notebook).name, finished=time.time(), pid=os.getpid(), threads=threads)
     (scratch / "params.json").write_text(json.dumps(params, indent=1, sort_keys=True))
     (scratch / "status.json").write_text(json.dumps(status, indent=1))
     if final.exists():
@@ -204,6 +228,23 @@ def cell_status(cell_dir: Path) -> dict | None:
 
 # -- the sweep ---------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Job:
+    """One cell to run: a notebook with parameters, into `out/cells/key/`.
+
+    cpus: the CPUs Ray reserves and the threads the kernel runs, or None for all of one node's CPUs, so that the
+    cell runs alone on its node (a notebook whose findings are timings). figures_dir: where it draws (None: its
+    cell folder). env: variables its kernel is forced into (part of the key)."""
+
+    key: str
+    notebook: Path
+    params: dict
+    cpus: int | None = 1
+    gpus: int = 0
+    figures_dir: Path | None = None
+    env: dict = field(default_factory=dict)
+
+
 @dataclass
 class SweepResult:
     out: Path
@@ -228,43 +269,64 @@ def sweep(notebook: str | Path, grid: Grid, out: str | Path, address: str | None
         raise FileNotFoundError(f"notebook {notebook} does not exist")
     validate(grid, notebook)
     out = Path(out).resolve()
+    version = package_version()
+    jobs = [Job(cell_key(notebook, c, version), notebook, c, grid.threads, grid.gpus) for c in grid.cells]
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    keys = [cell_key(notebook, c) for c in grid.cells]
-    result = SweepResult(out, keys)
-    todo = []
-    for key, params in zip(keys, grid.cells):
-        st = cell_status(out / "cells" / key)
-        if st is not None and st["status"] == "ok":
-            result.skipped.append(key)
-        else:
-            todo.append((key, params))
-    (out / "grid.json").write_text(json.dumps({"notebook": str(notebook), "cells": dict(zip(keys, grid.cells)),
+    (out / "grid.json").write_text(json.dumps({"notebook": str(notebook), "cells": {j.key: j.params for j in jobs},
                                                "threads": grid.threads, "gpus": grid.gpus}, indent=1))
+    return run_jobs(jobs, out, address, workers, timeout, progress, desc=f"sweep {notebook.stem}")
+
+
+def run_jobs(jobs: list[Job], out: str | Path, address: str | None = None, workers: int | None = None,
+             timeout: int = 1800, progress: bool = True, desc: str = "sweep") -> SweepResult:
+    """Run the jobs not already finished in `out/cells/`, as Ray tasks, then write the results table.
+
+    A job whose cell folder holds an ok status is skipped; a failed or missing one runs. The jobs may come from
+    different notebooks (the suite runner's `--sweep` makes one job per notebook)."""
+    out = Path(out).resolve()
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    result = SweepResult(out, [j.key for j in jobs])
+    todo = []
+    for job in jobs:
+        st = cell_status(out / "cells" / job.key)
+        if st is not None and st["status"] == "ok":
+            result.skipped.append(job.key)
+        else:
+            todo.append(job)
     if todo:
-        _run_on_ray(notebook, grid, out, todo, address, workers, timeout, progress, result)
+        _run_on_ray(todo, out, address, workers, timeout, progress, desc, result)
     write_table(out)
     return result
 
 
-def _run_on_ray(notebook, grid, out, todo, address, workers, timeout, progress, result) -> None:
+def _node_cpus(ray) -> int:
+    """The CPUs of the largest live node of the cluster Ray is connected to."""
+    return max(int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive"))
+
+
+def _run_on_ray(todo: list[Job], out: Path, address, workers, timeout, progress, desc, result) -> None:
     import ray
     from tqdm.auto import tqdm
-    embedded = address is None
-    if not ray.is_initialized():
+    started = not ray.is_initialized()          # shut down at the end only a Ray this call started
+    if started:
         kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        if embedded:
-            ray.init(num_cpus=workers or os.cpu_count(), num_gpus=0 if not grid.gpus else None, **kw)
+        if address is None:
+            ray.init(num_cpus=workers or os.cpu_count(), num_gpus=None if any(j.gpus for j in todo) else 0, **kw)
         else:
             ray.init(address=address, **kw)
-    task = ray.remote(num_cpus=grid.threads, num_gpus=grid.gpus, max_retries=0)(run_cell)
+    node = _node_cpus(ray)
     since = time.time_ns()
-    pending = {task.remote(str(notebook), p, str(out / "cells" / k), grid.threads, timeout): k for k, p in todo}
-    bar = tqdm(total=len(todo), desc=f"sweep {notebook.stem}", unit="cell", disable=not progress)
+    pending = {}
+    for j in todo:
+        cpus = node if j.cpus is None else min(j.cpus, node)       # more than a node has would never be scheduled
+        task = ray.remote(num_cpus=cpus, num_gpus=j.gpus, max_retries=0)(run_cell)
+        ref = task.remote(str(j.notebook), j.params, str(out / "cells" / j.key), cpus, timeout,
+                          str(j.figures_dir) if j.figures_dir else None, j.env)
+        pending[ref] = j.key
+    bar = tqdm(total=len(todo), desc=desc, unit="cell", disable=not progress)
     try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            now = running(out / "cells", set(pending.values()), since)
-            bar.set_postfix(running=now, queued=len(pending) - now, failed=len(result.failed), refresh=not done)
             for ref in done:
                 key = pending.pop(ref)
                 try:
@@ -275,13 +337,15 @@ def _run_on_ray(notebook, grid, out, todo, address, workers, timeout, progress, 
                 if st["status"] != "ok":
                     result.failed.append(key)
                 bar.update()
+            now = running(out / "cells", set(pending.values()), since)
+            bar.set_postfix(running=now, queued=len(pending) - now, failed=len(result.failed), refresh=not done)
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref, force=True)
         raise
     finally:
         bar.close()
-        if embedded:
+        if started:
             ray.shutdown()
 
 
@@ -320,28 +384,56 @@ def write_table(out: str | Path) -> Path:
     return path
 
 
-def plot(df, metric: str, x: str, by: str | None = None, ax=None):
-    """One metric against parameter `x`, a line per value of `by`: the mean over the cells that share (x, by), and
-    a bar from their minimum to their maximum where there is more than one (seeds, say). Returns the axes."""
-    import matplotlib.pyplot as plt
+INTERVAL = (".ci_lo", ".ci_hi")      # a notebook's own interval for metric M: metrics M.ci_lo and M.ci_hi
 
-    from . import viz
-    d = df[(df["metric"] == metric) & (df["status"] == "ok")]
+
+def parameters(df) -> list[str]:
+    """The parameter columns of a `load` table (everything but cell, status, seconds, metric, value)."""
+    return [c for c in df.columns if c not in ("cell", "status", "seconds", "metric", "value")]
+
+
+def summarize(df, metric: str, x: str, by: str | None = None):
+    """One row per (by, x): the metric's mean over the ok cells sharing them, n (cells), and the interval drawn:
+    the notebook's own (M.ci_lo, M.ci_hi; over several cells, the lowest lo and the highest hi), else the
+    cells' min and max (seeds, say), else none (lo = hi = mean)."""
+    import pandas as pd
+    ok = df[df["status"] == "ok"]
+    d = ok[ok["metric"] == metric]
     if d.empty:
         raise ValueError(f"metric {metric!r} is in no finished cell; have {sorted(df['metric'].dropna().unique())[:20]}")
+    have = parameters(df)
     for col in [x] + ([by] if by else []):
-        if col not in d.columns:
-            raise ValueError(f"{col!r} is not a parameter of this sweep; have {[c for c in df.columns if c not in ('cell', 'status', 'seconds', 'metric', 'value')]}")
-    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
-    groups = [(None, d)] if by is None else list(d.groupby(by, sort=True))
+        if col not in have:
+            raise ValueError(f"{col!r} is not a parameter of this sweep; have {have}")
+    keys = [by, x] if by else [x]
+    s = d.groupby(keys, sort=True)["value"].agg(mean="mean", lo="min", hi="max", n="count").reset_index()
+    s["interval"] = "cells"
+    lo, hi = (ok[ok["metric"] == metric + suffix] for suffix in INTERVAL)
+    if not lo.empty and not hi.empty:
+        own = pd.merge(lo.groupby(keys)["value"].min().rename("lo"), hi.groupby(keys)["value"].max().rename("hi"),
+                       left_index=True, right_index=True).reset_index()
+        s = s.drop(columns=["lo", "hi"]).merge(own, on=keys, how="left")
+        s["interval"] = "notebook"
+    return s
+
+
+def plot(df, metric: str, x: str, by: str | None = None, ax=None):
+    """One metric against parameter `x`, a line per value of `by`: the mean over the cells that share (x, by), with
+    the interval of `summarize` (the notebook's own where it records one). Returns the axes."""
+    from . import viz
+    s = summarize(df, metric, x, by)
+    if ax is None:
+        import matplotlib.pyplot as plt
+        ax = plt.subplots(figsize=(6.5, 4))[1]
+    groups = [(None, s)] if by is None else list(s.groupby(by, sort=True))
     for k, (label, g) in enumerate(groups):
-        s = g.groupby(x, sort=True)["value"].agg(["mean", "min", "max"])
-        xs = list(s.index)
-        ax.errorbar(xs, s["mean"], yerr=[s["mean"] - s["min"], s["max"] - s["mean"]], fmt="o-", capsize=3,
-                    color=viz.COLORS[k % len(viz.COLORS)], label=None if by is None else f"{by} = {label}")
-    ax.set(xlabel=x, ylabel=metric, title=f"{metric} by {x}" + (f" and {by}" if by else ""))
+        ax.errorbar(list(g[x]), g["mean"], yerr=[(g["mean"] - g["lo"]).clip(lower=0), (g["hi"] - g["mean"]).clip(lower=0)],
+                    fmt="o-", capsize=3, color=viz.COLORS[k % len(viz.COLORS)],
+                    label=None if by is None else f"{by} = {label}")
+    what = "the notebook's interval" if (s["interval"] == "notebook").all() else "min to max over cells"
+    ax.set(xlabel=x, ylabel=metric, title=f"{metric} by {x}" + (f" and {by}" if by else "") + f"\n(bars: {what})")
     if by is not None:
-        ax.legend()
+        ax.legend(fontsize=8, loc="best")
     return ax
 
 
@@ -374,5 +466,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if res.failed else 0
 
 
-__all__ = ["Grid", "notebook_parameters", "validate", "cell_key", "run_cell", "sweep", "SweepResult", "load",
-           "write_table", "plot"]
+__all__ = ["Grid", "notebook_parameters", "validate", "package_version", "cell_key", "run_cell", "Job", "sweep",
+           "run_jobs", "SweepResult", "load", "write_table", "parameters", "summarize", "plot"]
