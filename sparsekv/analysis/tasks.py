@@ -359,17 +359,20 @@ def check(doc: Document, tok) -> None:
 
 
 def ask(engine, seq, question: Question, router=None, rule: str = "dense"):
-    """Ask one question on a fork of `seq` (which holds the document's ids): the question's tokens are fed densely
-    over the context (rule "dense": Quest's protocol, and how a compressed cache's peers are asked) or as routed
-    decode steps (rule "routed"); then the answer is scored teacher-forced (`observe.score_answer`) with `router`.
-    Returns the observe.Answer."""
+    """Ask one question on a fork of `seq` (which holds the document's ids): the question's tokens (all but the last)
+    are prefilled densely over the context in one chunked pass (rule "dense": Quest's protocol, and how a
+    compressed cache's peers are asked) or fed as routed decode steps (rule "routed"); then the answer is scored
+    teacher-forced (`observe.score_answer`) with `router`, from the question's last token on. Returns the
+    observe.Answer."""
     from .observe import score_answer
     if rule not in ("dense", "routed"):
         raise ValueError(f"rule must be 'dense' or 'routed', got {rule!r}")
     child = engine.fork(seq)
     try:
-        if len(question.ids) > 1:
-            engine.feed(child, question.ids[:-1], router=None if rule == "dense" else router)
+        if len(question.ids) > 1 and rule == "dense":
+            engine.prefill(child, question.ids[:-1])
+        elif len(question.ids) > 1:
+            engine.feed(child, question.ids[:-1], router=router)
         return score_answer(engine, child, question.ids[-1], question.answer, router)
     finally:
         engine.finish(child)

@@ -377,6 +377,60 @@ FINDINGS.append(
              "g_m": (N13, "gemma.passkey.minmax@64.acc_given_dense"), "g_n": (N13, "gemma.passkey.dense_ok")}))
 
 
+N14, B14 = "14_paired_questions", 256          # notebook 14 and the token budget its full run uses
+
+
+def _best_press14(task: str):
+    """The press with the most answers on `task` at notebook 14's budget: "Name (acc)"."""
+    def f(m: Metrics) -> str:
+        accs = {p: m[N14][f"acc.{task}.{p}@{B14}"] for p in PRESSES if f"acc.{task}.{p}@{B14}" in m[N14]}
+        best = max(accs, key=lambda p: (accs[p], p))
+        return f"{best} {accs[best]:.0%}"
+    return f
+
+
+def _versus14(task: str, a: str, b: str, pair: str, label: str):
+    """How method `a` compares with `b` on `task`, in words, from the notebook's exact McNemar p (0.05)."""
+    def f(m: Metrics) -> str:
+        x, y, p = m[N14][f"acc.{task}.{a}"], m[N14][f"acc.{task}.{b}"], m[N14][f"mcnemar.{task}.{pair}.p"]
+        if p < 0.05:
+            return f"answers significantly {'more' if x > y else 'fewer'} questions than {label} (p = {p:.2g})"
+        return f"is not significantly different from {label} (p = {p:.2g})"
+    return f
+
+
+def _task14(task: str) -> tuple[str, dict]:
+    t = task.replace("-", "_")
+    text = (f"{task}: dense {{{t}_d:.0%}}, `oracle@{B14}` {{{t}_o:.0%}}, `mean@{B14}` {{{t}_me:.0%}}, "
+            f"`minmax@{B14}` {{{t}_mm:.0%}}, the best press {{{t}_bp}}, HQQ 4-bit {{{t}_h4:.0%}} and 2-bit "
+            f"{{{t}_h2:.0%}}; `minmax` {{{t}_w1}} and {{{t}_w2}}")
+    values = {f"{t}_d": (N14, f"acc.{task}.dense"), f"{t}_o": (N14, f"acc.{task}.oracle@{B14}"),
+              f"{t}_mm": (N14, f"acc.{task}.minmax@{B14}"), f"{t}_me": (N14, f"acc.{task}.mean@{B14}"),
+              f"{t}_bp": _best_press14(task), f"{t}_h4": (N14, f"acc.{task}.hqq4"), f"{t}_h2": (N14, f"acc.{task}.hqq2"),
+              f"{t}_w1": _versus14(task, f"minmax@{B14}", f"SnapKV@{B14}", "minmax_vs_SnapKV", f"SnapKV@{B14}"),
+              f"{t}_w2": _versus14(task, f"minmax@{B14}", "hqq2", "minmax_vs_hqq2", "HQQ 2-bit")}
+    return text, values
+
+
+_T14 = [_task14(t) for t in ("passkey", "multi-key", "fact-prose")]
+FINDINGS.append(
+    Finding("**Paired questions at equal bytes read (notebook 14, SmolLM2-135M).** {n:.0f} questions per task on "
+            "{L:,.0f}-token documents, each asked on its own copy of one prefill, every method on the same token ids "
+            "and the question prefilled densely over what the method holds. " + "; ".join(t for t, _ in _T14) + ". "
+            "Per decode step `minmax@" + str(B14) + "` reads {rr:.2f} of a bf16 dense cache's K/V bytes and holds "
+            "{hr:.2f} (its block summaries included); a press at the same budget reads and holds {rs:.2f}, HQQ 4-bit "
+            "{rh4:.2f} and 2-bit {rh:.2f}. Stated before the run: that dense answers at least half the passkey "
+            "questions ({verdict}: {pd:.0%}), so every accuracy here reads against dense's, not against 100%. sparsekv's dense answers and transformers' differ on {dis:.0f} of the {nall:.0f} questions.",
+            {"n": (N14, "questions_per_cell.min"), "L": (N14, "document_tokens"),
+             "rr": (N14, f"bytes.minmax@{B14}.read"), "hr": (N14, f"bytes.minmax@{B14}.held"),
+             "rs": (N14, f"bytes.SnapKV@{B14}.read"), "rh": (N14, "bytes.hqq2.read"), "rh4": (N14, "bytes.hqq4.read"),
+             "verdict": lambda m: "supported" if m[N14]["acc.passkey.dense"] >= 0.5 else "rejected",
+             "pd": (N14, "acc.passkey.dense"),
+             "dis": lambda m: sum(v for k, v in m[N14].items() if k.endswith(".dense_vs_hf.disagree")),
+             "nall": lambda m: sum(v for k, v in m[N14].items() if k.startswith("questions.")),
+             **{k: v for _, vals in _T14 for k, v in vals.items()}}))
+
+
 def load(figures: Path) -> Metrics:
     out = {}
     for f in sorted(Path(figures).glob("*.metrics.json")):
