@@ -248,11 +248,12 @@ def _run_as_sweep(paths, params, mode, out, figures, timeout, env, root, address
         st = sw.cell_status(cell) or {"status": "failed", "error": "the cell left no status (its worker was lost)"}
         metrics_path, executed = out / f"{path.stem}.metrics.json", out / path.name
         for src, dst in ((cell / "metrics.json", metrics_path), (cell / path.name, executed)):
+            dst.unlink(missing_ok=True)            # never an earlier run's file beside this run's result
             if src.exists():
                 shutil.copyfile(src, dst)
         run = NotebookRun(path.stem, st["status"], st.get("seconds") or 0.0, metrics_path, executed,
                           st.get("error", ""), detail=st.get("traceback", ""))
-        if metrics_path.exists() and (cell / "metrics.json").exists():
+        if metrics_path.exists():
             run.metrics = json.loads(metrics_path.read_text())
         tag = f"[{i}/{len(paths)}] " + ("(finished before) " if job.key in res.skipped else "")
         runs.append(_settle(run, mode, out, root, tag, stream))
