@@ -35,6 +35,7 @@ from ..core.traffic import cache_bytes
 from ..routing.router import Router
 from ..routing.scorers import SCORERS
 from ..storage.summaries import summary_vectors
+from . import equalbytes
 
 RULES = ("dense", "routed")
 
@@ -55,12 +56,10 @@ def lossless_methods(scorers, budgets, seed: int = 0) -> list[Lossless]:
 
 
 def peer_methods(presses, budgets, context_tokens: int, bits=(8, 4, 2)) -> list[peers.PeerMethod]:
-    """transformers dense, each press at the ratio that keeps `budget` of `context_tokens`, and HQQ at `bits`."""
-    out = [peers.PeerMethod("hf dense", "dense")]
-    for p in presses:
-        for b in budgets:
-            out.append(peers.PeerMethod(f"{p.removesuffix('Press')}@{b}", "evict", p, round(1 - b / context_tokens, 4)))
-    return out + [peers.PeerMethod(f"hqq{n}", "quant", bits=n) for n in bits]
+    """transformers dense, each press at the ratio that keeps `budget` of `context_tokens`, and HQQ at `bits`:
+    notebook 09's peers (`equalbytes.peer_methods`) without its question-aware variants, which would see a question
+    here that the other methods are asked on their own copies."""
+    return equalbytes.peer_methods(presses, budgets, context_tokens, bits, sees_question=())
 
 
 def _row(doc: tasks.Document, i: int, method: str, family: str, correct: bool, steps: int) -> dict:
