@@ -139,16 +139,49 @@ def test_explorers_render_and_respond_in_jupyterlab(tmp_path):
 
 
 def _drive(browser, lab, stem, By, Select, WebDriverWait):
+    from selenium.common.exceptions import StaleElementReferenceException
     browser.get(lab.url(f"lab/tree/{stem}.ipynb"))
-    wait = lambda cond, t, what: WebDriverWait(browser, t, poll_frequency=0.5).until(cond, message=f"{stem}: {what}")
+
+    def wait(cond, t, what):
+        try:                              # a re-rendered element read mid-poll is polled again, not a failure
+            return WebDriverWait(browser, t, poll_frequency=0.5,
+                                 ignored_exceptions=(StaleElementReferenceException,)).until(cond)
+        except Exception as exc:          # a timeout: keep what the page showed, for the person reading the failure
+            browser.save_screenshot(str(SHOTS / f"{stem}-failed.png"))
+            outputs = [e.text[:400] for e in browser.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output")]
+            status = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".jp-Notebook-ExecutionIndicator, "
+                                                             ".jp-KernelStatus, .jp-InputPrompt")]
+            raise AssertionError(f"{stem}: {what} within {t} s ({type(exc).__name__}); screenshot "
+                                 f"{SHOTS / (stem + '-failed.png')}; prompts and kernel status {status}; "
+                                 f"outputs {outputs}") from exc
     wait(lambda b: b.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell"), 120, "the notebook never opened")
     time.sleep(1)
-    menu = wait(lambda b: [e for e in b.find_elements(By.CSS_SELECTOR, ".lm-MenuBar-itemLabel") if e.text == "Run"],
-                30, "no Run menu")
-    menu[0].click()
-    item = wait(lambda b: [e for e in b.find_elements(By.CSS_SELECTOR, ".lm-Menu-itemLabel") if e.text == "Run All Cells"],
-                30, "no 'Run All Cells' item")
-    item[0].click()
+
+    def kernel_idle(b):      # read in one script: the status bar re-renders while it is polled
+        return "| Idle" in (b.execute_script("const e = document.getElementById('jp-main-statusbar');"
+                                             "return e ? e.innerText : '';") or "")
+
+    def started(b):          # a code cell's prompt shows [*] (queued or running) or [n] (done)
+        prompts = b.execute_script("return Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden)"
+                                   " .jp-InputPrompt')).map(e => e.innerText.trim());") or []
+        return any(t not in ("", "[ ]:") for t in prompts)
+
+    # "Run All Cells" clicked before the kernel is connected can be dropped (seen once in a full `make test` under
+    # load: the cells never ran), so wait for an idle kernel, and click again if no cell has started within 60 s
+    wait(kernel_idle, 180, "the kernel never reported Idle")
+    for attempt in range(3):
+        menu = wait(lambda b: [e for e in b.find_elements(By.CSS_SELECTOR, ".lm-MenuBar-itemLabel") if e.text == "Run"],
+                    30, "no Run menu")
+        menu[0].click()
+        item = wait(lambda b: [e for e in b.find_elements(By.CSS_SELECTOR, ".lm-Menu-itemLabel")
+                               if e.text == "Run All Cells"], 30, "no 'Run All Cells' item")
+        item[0].click()
+        try:
+            WebDriverWait(browser, 60, poll_frequency=0.5).until(started)
+            break
+        except Exception:
+            if attempt == 2:
+                raise
 
     def readout(b):
         els = b.find_elements(By.CSS_SELECTOR, ".sparsekv-readout")
