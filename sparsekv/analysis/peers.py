@@ -12,6 +12,12 @@ Protocol for one probe and one method (kvpress's own pipeline does the same):
    uncompressed length, as kvpress does), over whatever the cache kept;
 3. return the logits of `after[:-1]` and the bytes the cache holds at the end.
 
+A hybrid model (Gemma 3: most layers see a sliding window, a few are global) is compressed in its global layers
+only, the policy kvpress itself applies to Gemma 3's multimodal class (`compressing`), so its sliding layers hold
+their window exactly, as sparsekv's routers leave them; its dense and press caches are transformers' hybrid
+`DynamicCache(config=...)`, which keeps a sliding layer's last window of tokens. HQQ's `QuantizedCache` has no
+sliding layers: it quantises and holds every token of every layer.
+
 kvpress and the quantisation backends are optional imports (`pip install -e ".[peers]"`).
 """
 from __future__ import annotations
@@ -83,12 +89,60 @@ def make_press(method: PeerMethod):
     return getattr(kvpress, method.press)(compression_ratio=method.ratio)
 
 
+def global_layers(config) -> list[int] | None:
+    """Indices of a hybrid model's global (full-attention) layers, or None when no layer slides."""
+    types = getattr(config, "layer_types", None) or ()
+    if not any(t == "sliding_attention" for t in types):
+        return None
+    return [i for i, t in enumerate(types) if t == "full_attention"]
+
+
 def make_cache(hf, method: PeerMethod):
+    """The method's empty cache: QuantizedCache (HQQ) for "quant"; otherwise a DynamicCache, hybrid (sliding
+    layers keep their window) when the model has sliding layers."""
     from transformers import DynamicCache, QuantizedCache
     if method.family == "quant":
         return QuantizedCache(backend=method.backend, config=hf.config, nbits=method.bits,
                               q_group_size=method.group, residual_length=method.residual)
-    return DynamicCache()
+    return DynamicCache(config=hf.config) if global_layers(hf.config) is not None else DynamicCache()
+
+
+class _LayerRope(torch.nn.Module):
+    """A hybrid model's rotary embedding bound to one layer type: kvpress calls `rotary_emb(x, position_ids)`,
+    while Gemma 3's embedding needs the layer type to pick its frequencies."""
+
+    def __init__(self, rope, layer_type: str):
+        super().__init__()
+        self.rope, self.layer_type = rope, layer_type
+
+    def forward(self, x, position_ids):
+        return self.rope(x, position_ids, layer_type=self.layer_type)
+
+
+@contextlib.contextmanager
+def compressing(hf, method: PeerMethod):
+    """Prefill under `method`'s press (nothing for "dense" and "quant"). On a hybrid model the press hooks the
+    global layers only, each given its own layer type's RoPE; elsewhere it is kvpress's own context manager."""
+    if method.family != "evict":
+        yield
+        return
+    press = make_press(method)
+    glob = global_layers(hf.config)
+    if glob is None:
+        with press(hf):
+            yield
+        return
+    press.post_init_from_model(hf)
+    hooks = []
+    try:
+        for i in glob:
+            attn = hf.model.layers[i].self_attn
+            attn.rotary_emb = _LayerRope(hf.model.rotary_emb, hf.config.layer_types[i])
+            hooks.append(attn.register_forward_hook(press.forward_hook, with_kwargs=True))
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def held_bytes(cache) -> tuple[int, int]:
@@ -125,8 +179,7 @@ def run(hf, probe: TwoFacts, method: PeerMethod) -> PeerRun:
         head = probe.answers[0][0] if probe.answers else 0    # question 1 is `after` up to its answer
     pre = torch.tensor([probe.context + probe.after[:head]])
     cache = make_cache(hf, method)
-    press = make_press(method) if method.family == "evict" else None
-    with press(hf) if press is not None else contextlib.nullcontext():
+    with compressing(hf, method):
         hidden = hf.model(input_ids=pre, past_key_values=cache, use_cache=True).last_hidden_state
     parts = [hf.lm_head(hidden[0, pre.shape[1] - head:pre.shape[1]])] if head else []
     rest = probe.after[head:k]

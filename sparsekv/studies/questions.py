@@ -24,14 +24,13 @@ tokens (`core.traffic.cache_bytes`, the byte model notebook 09 checks against he
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass
 
 import torch
 
 from ..analysis import peers, stats, tasks
-from ..core.traffic import cache_bytes
+from ..core.traffic import CacheBytes, cache_bytes, hybrid_cache_bytes
 from ..routing.router import Router
 from ..routing.scorers import SCORERS
 from ..storage.summaries import summary_vectors
@@ -102,8 +101,7 @@ def peer_answers(hf, doc: tasks.Document, methods: list[peers.PeerMethod], progr
     n = len(doc.ids)
     for m in methods:
         cache = peers.make_cache(hf, m)
-        press = peers.make_press(m) if m.family == "evict" else None
-        with press(hf) if press is not None else contextlib.nullcontext():
+        with peers.compressing(hf, m):
             hf.model(input_ids=torch.tensor([doc.ids]), past_key_values=cache, use_cache=True)
         held[m.name] = peers.held_bytes(cache)[0]
         for i, q in enumerate(doc.questions):
@@ -122,28 +120,67 @@ def peer_answers(hf, doc: tasks.Document, methods: list[peers.PeerMethod], progr
 # -- bytes ------------------------------------------------------------------------------------------
 
 def method_bytes(method, tokens: int, *, layers: int, kv_heads: int, head_dim: int, block_size: int = 16,
-                 store_config=None, itemsize: int = 2, residual: int | None = None) -> dict:
+                 store_config=None, itemsize: int = 2, residual: int | None = None, windows=None,
+                 layout: str = "study") -> dict:
     """A decode step's K/V bytes read and the bytes held at `tokens`: {"read", "held"} as fractions of a dense cache
     of `itemsize`-byte elements (2: bf16, the study's reference; dense is 1.0 for both), and "read_bytes",
     "held_bytes" in bytes. `method`: a `Lossless` (its store at `itemsize`, summaries as `store_config` keeps them)
     or a `peers.PeerMethod` (kept tokens from its ratio; HQQ with scales and zero-points of `itemsize` bytes and
-    `residual` full-precision tokens, default the method's own, capped at `tokens`)."""
-    geom = dict(layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens, itemsize=itemsize)
-    ref = cache_bytes("dense", **geom)
+    `residual` full-precision tokens, default the method's own, capped at `tokens`).
+
+    windows: a hybrid model's per-layer windows (0: global; `ModelConfig.windows`), or None (every layer global).
+    Then only the global layers differ between methods: the store routes them (`core.traffic.hybrid_cache_bytes`)
+    and a press compresses them (`peers.compressing`); a sliding layer holds and reads its last min(window, tokens)
+    tokens at `itemsize` (the store: whole blocks, `window_cache_bytes`), and the dense reference is the same. HQQ's
+    sliding layers: layout "study" counts them quantised over the window (what a hybrid-aware quantised cache
+    would hold, the generous count); "transformers" counts what its QuantizedCache holds, every token quantised,
+    and a press's sliding layers as transformers' DynamicSlidingWindowLayer holds them (window - 1 tokens)."""
+    if layout not in ("study", "transformers"):
+        raise ValueError(f"layout must be 'study' or 'transformers', got {layout!r}")
+    if windows is not None:
+        windows = tuple(int(w) for w in windows)
+        if len(windows) != layers or not all(w >= 0 for w in windows):
+            raise ValueError(f"windows must give one window >= 0 per layer ({layers}), got {windows!r}")
+        if not any(windows):
+            windows = None
+    geom = dict(kv_heads=kv_heads, head_dim=head_dim, tokens=tokens, itemsize=itemsize)
+    n_glob = layers if windows is None else windows.count(0)
+    slide = () if windows is None else sorted(set(windows) - {0})
+
+    def per(family, n_layers, **kw):
+        return cache_bytes(family, layers=n_layers, **geom, **kw) if n_layers else CacheBytes(0, 0)
+
+    def window(w, family="dense", **kw):       # one sliding group's contiguous cache of its last tokens
+        t = min(w - (layout == "transformers"), tokens)
+        return cache_bytes(family, layers=windows.count(w), kv_heads=kv_heads, head_dim=head_dim, tokens=t,
+                           itemsize=itemsize, **kw)
+
+    def total(glob, slid):
+        return CacheBytes(glob.held + sum(x.held for x in slid), glob.read + sum(x.read for x in slid))
+
+    ref = total(per("dense", n_glob), [window(w) for w in slide])
     if isinstance(method, Lossless):
         c = store_config
         held_vectors = summary_vectors(c.summaries, c) if c is not None else 0
         read_vectors = SCORERS[method.router.config.scorer]().vectors(c) if method.router is not None and c else 0
-        b = cache_bytes("lossless", block_size=block_size, budget=method.budget, summaries_held=held_vectors,
-                        summaries_read=read_vectors, **geom)
+        lay = dict(block_size=block_size, summaries_held=held_vectors, summaries_read=read_vectors)
+        if windows is None:
+            b = cache_bytes("lossless", layers=layers, budget=method.budget, **lay, **geom)
+        else:
+            b = hybrid_cache_bytes(windows, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens, budget=method.budget,
+                                   itemsize=itemsize, **lay)
     elif method.family == "dense":
         b = ref
     elif method.family == "evict":
-        b = cache_bytes("evict", kept=max(1, round(tokens * (1 - method.ratio))), **geom)
+        b = total(per("evict", n_glob, kept=max(1, round(tokens * (1 - method.ratio)))), [window(w) for w in slide])
     else:
         res = method.residual if residual is None else residual
-        b = cache_bytes("quant", bits=method.bits, group=method.group, residual=min(tokens, res),
-                        scale_itemsize=itemsize, **geom)
+        q = dict(bits=method.bits, group=method.group, scale_itemsize=itemsize)
+        if layout == "transformers":
+            b = per("quant", layers, residual=min(tokens, res), **q)
+        else:
+            b = total(per("quant", n_glob, residual=min(tokens, res), **q),
+                      [window(w, "quant", residual=min(tokens, w, res), **q) for w in slide])
     return {"read": b.read / ref.read, "held": b.held / ref.held, "read_bytes": b.read, "held_bytes": b.held}
 
 
