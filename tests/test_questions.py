@@ -78,3 +78,90 @@ def test_cells_and_the_paired_test():
     assert (r["a_only"], r["b_only"]) == (3, 0)
     with pytest.raises(ValueError, match="no common question"):
         qs.paired(rows, "a", "b", task="other")
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma_hf():
+    """transformers' Gemma3ForCausalLM with random weights: sliding window 16, global layers 1 and 4 of five."""
+    import torch
+    import transformers
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=5, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=1024, sliding_window=16,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        query_pre_attn_scalar=24, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return transformers.Gemma3ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("press", peers.PRESSES)
+def test_a_hybrid_model_s_press_compresses_its_global_layers_only(tiny_gemma_hf, press):
+    """kvpress's own Gemma 3 policy, on the text-only class: the global layers keep the press's tokens, each sliding
+    layer its window (transformers' hybrid DynamicCache); a press that removes nothing gives dense's logits; the bytes
+    held are the byte model's (layout "transformers"). ExpectedAttention runs: it needs each layer's own RoPE."""
+    import torch
+    hf, n, windows = tiny_gemma_hf, 96, (16, 0, 16, 16, 0)
+    ids = torch.randint(0, 101, (1, n), generator=torch.Generator().manual_seed(3))
+    rest = torch.randint(0, 101, (1, 5), generator=torch.Generator().manual_seed(4))
+    pos = torch.arange(n, n + 5)[None]
+
+    def run(method):
+        cache = peers.make_cache(hf, method)
+        with torch.no_grad(), peers.compressing(hf, method):
+            hf.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        held = peers.held_bytes(cache)[0]
+        lens = [layer.keys.shape[-2] for layer in cache.layers]
+        with torch.no_grad():
+            logits = hf(input_ids=rest, past_key_values=cache, position_ids=pos, use_cache=True).logits[0]
+        return held, lens, logits
+
+    geom = dict(layers=5, kv_heads=2, head_dim=32, itemsize=4, residual=0, windows=windows, layout="transformers")
+    dense_held, dense_lens, dense = run(peers.PeerMethod("hf dense", "dense"))
+    assert dense_lens == [15, n, 15, 15, n]
+    assert dense_held == qs.method_bytes(peers.PeerMethod("hf dense", "dense"), n, **geom)["held_bytes"]
+    _, _, same = run(peers.PeerMethod("none", "evict", press, 0.0))
+    assert torch.allclose(same, dense, atol=1e-5, rtol=0)
+    m = peers.PeerMethod("half", "evict", press, 0.5)
+    held, lens, _ = run(m)
+    assert lens == [15, n // 2, 15, 15, n // 2]
+    assert held == qs.method_bytes(m, n, **geom)["held_bytes"]
+
+
+def test_hybrid_bytes_differ_only_in_the_global_layers():
+    windows = (512, 512, 0, 512, 512, 0)
+    geom = dict(layers=6, kv_heads=1, head_dim=256, block_size=16)
+    sc = StoreConfig(block_size=16, num_blocks=8, num_layers=6, num_kv_heads=1, head_dim=256)
+    tokens, budget = 2048, 256
+    flat = qs.method_bytes(peers.PeerMethod("hf dense", "dense"), tokens, windows=(0,) * 6, **geom)
+    assert flat == qs.method_bytes(peers.PeerMethod("hf dense", "dense"), tokens, **geom)     # no sliding layer
+    press = qs.method_bytes(peers.PeerMethod("SnapKV@256", "evict", "SnapKVPress", 1 - budget / tokens), tokens,
+                            windows=windows, **geom)
+    # global: 2 layers of 256 kept tokens; sliding: 4 layers of their 512-token window; dense: 2 x 2048 + 4 x 512
+    assert press["read"] == press["held"] == (2 * budget + 4 * 512) / (2 * tokens + 4 * 512)
+    routed = qs.method_bytes(qs.Lossless("minmax@256", sk.Router("minmax", token_budget=budget), budget), tokens,
+                             store_config=sc, windows=windows, **geom)
+    dense = qs.method_bytes(qs.Lossless("dense"), tokens, store_config=sc, windows=windows, **geom)
+    assert routed["held"] == dense["held"] > 1.0 and press["read"] < routed["read"] < dense["read"]
+    hqq = {lay: qs.method_bytes(peers.PeerMethod("hqq4", "quant", bits=4), tokens, windows=windows, layout=lay, **geom)
+           for lay in ("study", "transformers")}
+    assert hqq["study"]["held_bytes"] < hqq["transformers"]["held_bytes"]    # every token of every layer, quantised
+    for bad, match in (({"windows": (0, 512)}, "one window"), ({"layout": "kv"}, "layout")):
+        with pytest.raises(ValueError, match=match):
+            qs.method_bytes(peers.PeerMethod("hf dense", "dense"), tokens, **{**geom, **bad})
+
+
+def test_a_study_config_names_the_bad_argument():
+    from sparsekv.studies import paired
+    ok = paired.StudyConfig("model.gguf")
+    assert ok.task_names == ("passkey", "multi-key", "fact-prose") and ok.presses == peers.PRESSES
+    for bad, match in (({"rule": "quest"}, "rule must be one of"), ({"task_names": ["passkey", "haystack"]}, "task_names"),
+                       ({"task_names": []}, "task_names"), ({"length": 0}, "length must be a positive int"),
+                       ({"docs": 2.0}, "docs must be a positive int"), ({"budget": True}, "budget")):
+        with pytest.raises(ValueError, match=match):
+            paired.StudyConfig("model.gguf", **bad)
+
+
+def test_figures_name_the_model_by_its_title():
+    assert fetch.title(SMOL) == "SmolLM2-135M-Instruct"
+    assert fetch.title(fetch.model_path(fetch.GEMMA3_270M, ROOT)) == "Gemma 3 270M"
+    assert fetch.title("/elsewhere/my-model.Q8_0.gguf") == "my-model.Q8_0"

