@@ -378,38 +378,72 @@ FINDINGS.append(
 
 
 N14, B14 = "14_paired_questions", 256          # notebook 14 and the token budget its full run uses
+N15 = "15_paired_questions_gemma"               # notebook 15: the same study on Gemma 3 270M, at the same budget
 
 
-def _best_press14(task: str):
-    """The press with the most answers on `task` at notebook 14's budget: "Name (acc)"."""
+def _best_press14(task: str, n: str = N14):
+    """The press with the most answers on `task` at the paired study's budget in notebook `n`: "Name (acc)"."""
     def f(m: Metrics) -> str:
-        accs = {p: m[N14][f"acc.{task}.{p}@{B14}"] for p in PRESSES if f"acc.{task}.{p}@{B14}" in m[N14]}
+        accs = {p: m[n][f"acc.{task}.{p}@{B14}"] for p in PRESSES if f"acc.{task}.{p}@{B14}" in m[n]}
         best = max(accs, key=lambda p: (accs[p], p))
         return f"{best} {accs[best]:.0%}"
     return f
 
 
-def _versus14(task: str, a: str, b: str, pair: str, label: str):
-    """How method `a` compares with `b` on `task`, in words, from the notebook's exact McNemar p (0.05)."""
+def _versus14(task: str, a: str, b: str, pair: str, label: str, n: str = N14):
+    """How method `a` compares with `b` on `task`, in words, from notebook `n`'s exact McNemar p (0.05)."""
     def f(m: Metrics) -> str:
-        x, y, p = m[N14][f"acc.{task}.{a}"], m[N14][f"acc.{task}.{b}"], m[N14][f"mcnemar.{task}.{pair}.p"]
+        x, y, p = m[n][f"acc.{task}.{a}"], m[n][f"acc.{task}.{b}"], m[n][f"mcnemar.{task}.{pair}.p"]
         if p < 0.05:
             return f"answers significantly {'more' if x > y else 'fewer'} questions than {label} (p = {p:.2g})"
         return f"is not significantly different from {label} (p = {p:.2g})"
     return f
 
 
-def _task14(task: str) -> tuple[str, dict]:
+def _task14(task: str, n: str = N14) -> tuple[str, dict]:
     t = task.replace("-", "_")
     text = (f"{task}: dense {{{t}_d:.0%}}, `oracle@{B14}` {{{t}_o:.0%}}, `mean@{B14}` {{{t}_me:.0%}}, "
             f"`minmax@{B14}` {{{t}_mm:.0%}}, the best press {{{t}_bp}}, HQQ 4-bit {{{t}_h4:.0%}} and 2-bit "
             f"{{{t}_h2:.0%}}; `minmax` {{{t}_w1}} and {{{t}_w2}}")
-    values = {f"{t}_d": (N14, f"acc.{task}.dense"), f"{t}_o": (N14, f"acc.{task}.oracle@{B14}"),
-              f"{t}_mm": (N14, f"acc.{task}.minmax@{B14}"), f"{t}_me": (N14, f"acc.{task}.mean@{B14}"),
-              f"{t}_bp": _best_press14(task), f"{t}_h4": (N14, f"acc.{task}.hqq4"), f"{t}_h2": (N14, f"acc.{task}.hqq2"),
-              f"{t}_w1": _versus14(task, f"minmax@{B14}", f"SnapKV@{B14}", "minmax_vs_SnapKV", f"SnapKV@{B14}"),
-              f"{t}_w2": _versus14(task, f"minmax@{B14}", "hqq2", "minmax_vs_hqq2", "HQQ 2-bit")}
+    values = {f"{t}_d": (n, f"acc.{task}.dense"), f"{t}_o": (n, f"acc.{task}.oracle@{B14}"),
+              f"{t}_mm": (n, f"acc.{task}.minmax@{B14}"), f"{t}_me": (n, f"acc.{task}.mean@{B14}"),
+              f"{t}_bp": _best_press14(task, n), f"{t}_h4": (n, f"acc.{task}.hqq4"), f"{t}_h2": (n, f"acc.{task}.hqq2"),
+              f"{t}_w1": _versus14(task, f"minmax@{B14}", f"SnapKV@{B14}", "minmax_vs_SnapKV", f"SnapKV@{B14}", n),
+              f"{t}_w2": _versus14(task, f"minmax@{B14}", "hqq2", "minmax_vs_hqq2", "HQQ 2-bit", n)}
     return text, values
+
+
+def _disagree(n: str):
+    return lambda m: sum(v for k, v in m[n].items() if k.endswith(".dense_vs_hf.disagree"))
+
+
+def _questions(n: str):
+    return lambda m: sum(v for k, v in m[n].items() if k.startswith("questions."))
+
+
+def _router_vs_press(task: str, n: str):
+    """The best router's (oracle aside) answers on `task` against the best press's, in words."""
+    def f(m: Metrics) -> str:
+        acc = {k.removeprefix(f"acc.{task}.").removesuffix(f"@{B14}"): v for k, v in m[n].items()
+               if k.startswith(f"acc.{task}.") and k.endswith(f"@{B14}")}
+        routers = {k: v for k, v in acc.items() if k in ("minmax", "mean")}
+        presses = {k: v for k, v in acc.items() if k in PRESSES}
+        r, p = max(routers, key=lambda k: (routers[k], k)), max(presses, key=lambda k: (presses[k], k))
+        word = "at least as many as" if routers[r] >= presses[p] else "fewer than"
+        return f"`{r}@{B14}` answers {routers[r]:.0%}, {word} the best press ({p} {presses[p]:.0%})"
+    return f
+
+
+def _quant_vs_routers(method: str, n: str):
+    """Whether `method` reads fewer bytes per step than every router of notebook `n`, in words."""
+    def f(m: Metrics) -> str:
+        routers = {k.split(".")[1]: v for k, v in m[n].items() if k.startswith("bytes.") and k.endswith(".read")
+                   and k.split(".")[1].split("@")[0] in ("minmax", "mean", "oracle")}
+        q = m[n][f"bytes.{method}.read"]
+        side = "fewer" if q < min(routers.values()) else "more" if q > max(routers.values()) else "about as many"
+        return (f"{method} reads {side} bytes per step than the routers ({q:.2f} against "
+                f"{min(routers.values()):.2f}-{max(routers.values()):.2f})")
+    return f
 
 
 _T14 = [_task14(t) for t in ("passkey", "multi-key", "fact-prose")]
@@ -425,10 +459,24 @@ FINDINGS.append(
              "rr": (N14, f"bytes.minmax@{B14}.read"), "hr": (N14, f"bytes.minmax@{B14}.held"),
              "rs": (N14, f"bytes.SnapKV@{B14}.read"), "rh": (N14, "bytes.hqq2.read"), "rh4": (N14, "bytes.hqq4.read"),
              "verdict": lambda m: "supported" if m[N14]["acc.passkey.dense"] >= 0.5 else "rejected",
-             "pd": (N14, "acc.passkey.dense"),
-             "dis": lambda m: sum(v for k, v in m[N14].items() if k.endswith(".dense_vs_hf.disagree")),
-             "nall": lambda m: sum(v for k, v in m[N14].items() if k.startswith("questions.")),
+             "pd": (N14, "acc.passkey.dense"), "dis": _disagree(N14), "nall": _questions(N14),
              **{k: v for _, vals in _T14 for k, v in vals.items()}}))
+
+_T15 = [_task14(t, N15) for t in ("passkey", "multi-key")]
+FINDINGS.append(
+    Finding("**Paired questions on Gemma 3 270M (notebook 15).** The same study where the model retrieves: {n:.0f} "
+            "questions per task on {L:,.0f}-token documents, routers routing and presses compressing the 3 global layers, the 15 sliding layers holding their "
+            "512-token window for every method. " + "; ".join(t for t, _ in _T15) + ". On passkey {rp}. Per decode "
+            "step, over the whole model, `minmax@" + str(B14) + "` reads {rr:.2f} of a bf16 dense cache's K/V bytes "
+            "and holds {hr:.2f}; a press reads and holds {rs:.2f}, HQQ 4-bit {rh4:.2f} and 2-bit {rh:.2f} (counted "
+            "as if its sliding layers held only their window): {q4}. sparsekv's dense answers and transformers' differ on "
+            "{dis:.0f} of the {nall:.0f} questions.",
+            {"n": (N15, "questions_per_cell.min"), "L": (N15, "document_tokens"),
+             "rr": (N15, f"bytes.minmax@{B14}.read"), "hr": (N15, f"bytes.minmax@{B14}.held"),
+             "rs": (N15, f"bytes.SnapKV@{B14}.read"), "rh": (N15, "bytes.hqq2.read"), "rh4": (N15, "bytes.hqq4.read"),
+             "rp": _router_vs_press("passkey", N15), "dis": _disagree(N15), "nall": _questions(N15),
+             "q4": _quant_vs_routers("hqq4", N15),
+             **{k: v for _, vals in _T15 for k, v in vals.items()}}))
 
 
 def load(figures: Path) -> Metrics:
