@@ -165,7 +165,7 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
     else:
         out = out or root / "build" / "notebooks" / "smoke"
         figures = out / "figures"
-    timeout = timeout or (1800 if mode == "run" else 300)
+    timeout = timeout or (3600 if mode == "run" else 300)
     params = {p.stem: {} if mode == "run" else smoke_parameters(p.stem, root) for p in paths}
     if sweep or address is not None:
         runs = _run_as_sweep(paths, params, mode, out, figures, timeout, env, root, address, workers, threads, stream)
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mode", choices=["run", "smoke", "baseline"])
     ap.add_argument("names", nargs="*", help="notebook stems or prefixes (default: all)")
     ap.add_argument("--out", type=Path, default=None, help="folder for executed copies and metrics")
-    ap.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 1800 full, 300 smoke)")
+    ap.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 3600 full, 300 smoke)")
     ap.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: the current folder)")
     ap.add_argument("--cpu", choices=["native", "alt"], default="native",
                     help="force the notebooks' kernels into a CPU configuration (suite.cpuconfig; default: none)")

@@ -1,0 +1,124 @@
+"""The paired-question study's figures and checks (`studies.paired` runs it): what notebooks 14 and 15 draw and
+assert.
+
+    accuracy_figure     accuracy per method and task, Wilson 95% intervals
+    bytes_figure        accuracy against K/V bytes read per step and held, against bf16 dense
+    checks              the invariants, gated findings and hypotheses stated before the run
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..studies.paired import Study
+from .report import Checks
+
+
+def _errorbar(ax, x, cell, style, **kw):
+    ax.errorbar([x], [cell["accuracy"]], yerr=[[cell["accuracy"] - cell["lo"]], [cell["hi"] - cell["accuracy"]]],
+                fmt=style["marker"], color=style["color"], **kw)
+
+
+def accuracy_figure(st: Study, path: str | Path | None = None):
+    """One panel per task: every method's accuracy with its Wilson 95% interval; sparsekv's methods left of the
+    rule, transformers' right (hollow star: transformers dense)."""
+    import matplotlib.pyplot as plt
+
+    from . import viz
+    tn, methods = st.config.task_names, st.methods
+    fig, axes = plt.subplots(1, len(tn), figsize=(max(7.0, 4.2 * len(tn)), 4.8), sharey=True, squeeze=False)
+    for ax, t in zip(axes[0], tn):
+        for x, m in enumerate(methods):
+            st_ = viz.method_style(st.family(m))
+            _errorbar(ax, x, st.acc[(t, m)], st_, capsize=3, ms=7, mfc="white" if m == "hf dense" else st_["color"])
+        ax.axvline(len(st.lossless) - 0.5, color="0.7", lw=0.8)
+        ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", fontsize=8)
+        ax.set(title=f"{t} (n = {st.acc[(t, methods[0])]['n']} per method)", ylim=(-0.03, 1.03))
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("questions answered (Wilson 95% CI)")
+    fig.suptitle(f"{st.model_name}, {st.config.length}-token documents, budget {st.config.budget}; best non-oracle "
+                 "method: " + ", ".join(f"{t} {st.best(t)}" for t in tn), fontsize=10, wrap=True)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def bytes_figure(st: Study, path: str | Path | None = None):
+    """The first task's accuracy against bytes read per decode step (left) and held (right), both over bf16 dense.
+    Methods at the same x (the presses, which hold what they read) are spread by 4% per coincident method (log
+    axis) so none hides another; the tables and metrics give the exact counts."""
+    import matplotlib.pyplot as plt
+
+    from . import viz
+    t = st.config.task_names[0]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    for ax, kind in zip(axes, ("read", "held")):
+        seen: dict[float, int] = {}
+        for m in st.methods:
+            x = st.nbytes[m][kind]
+            j = seen.get(round(x, 4), 0)
+            seen[round(x, 4)] = j + 1
+            style = viz.method_style(st.family(m))
+            _errorbar(ax, x * 1.04 ** j, st.acc[(t, m)], style, capsize=2, ms=7, label=m,
+                      mfc="white" if m == "hf dense" else style["color"])
+        ax.set_xscale("log")
+        viz.log_axis_plain(ax)
+        ax.set(xlabel=f"K/V bytes {'read per decode step' if kind == 'read' else 'held'} / bf16 dense (log)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"{t}: questions answered (95% CI)")
+    viz.legend_outside(axes[1], ncol=1)
+    r = st.nbytes[f"{st.config.scorers[0]}@{st.config.budget}"]
+    scope = "; sliding layers identical" if st.windows else ""
+    fig.suptitle(f"{st.model_name}, {t} at {st.config.length} tokens: routers read {r['read']:.2f} of dense per step "
+                 f"and hold {r['held']:.2f}; presses hold what they read{scope}", fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool = True) -> Checks:
+    """The study's claims on the first task (the headline) and per task.
+
+    Invariants: every cell has `min_questions` paired questions; sparsekv dense and transformers dense disagree on at
+    most 5%; the byte model is within 10% of what transformers' caches held. The two claims "the best router (oracle
+    aside) answers at least as many as the best press at equal bytes read" and "HQQ-2 answers at most 5%" are gated
+    findings (`gated`) or, where a run states them for the first time on a model, hypotheses. Hypotheses: the oracle
+    within 5 points of dense, and each pre-stated pair not significantly worse (McNemar p < 0.05); with `dense_half`,
+    dense answering at least half (a hypothesis since notebook 14's first run rejected it)."""
+    cfg, acc = st.config, st.acc
+    out = Checks()
+    for t in cfg.task_names:
+        out.invariant(f"{t}: every method answered at least min_questions paired questions",
+                      min(acc[(t, m)]["n"] for m in st.methods), ">=", min_questions)
+        a = st.agree[t]
+        out.invariant(f"{t}: sparsekv dense and transformers dense disagree on at most 5% of questions",
+                      (a["a_only"] + a["b_only"]) / a["n"], "<=", 0.05)
+    t0 = cfg.task_names[0]
+    routers = [f"{s}@{cfg.budget}" for s in cfg.scorers if s != "oracle"]
+    presses = [m.name for m in st.lossy if m.family == "evict"]
+    claim = out.finding if gated else out.hypothesis
+    if routers and presses:
+        claim(f"{t0}: at equal bytes read the best router (oracle aside) answers at least as many questions as the "
+              "best press", max(acc[(t0, m)]["accuracy"] for m in routers)
+              - max(acc[(t0, m)]["accuracy"] for m in presses), ">=", 0.0)
+    if "hqq2" in st.methods:
+        claim(f"{t0}: HQQ at 2 bits answers at most 5% of questions", acc[(t0, "hqq2")]["accuracy"], "<=", 0.05)
+    if dense_half:
+        out.hypothesis(f"{t0}: dense answers at least half the questions at {cfg.length} tokens",
+                       acc[(t0, "dense")]["accuracy"], ">=", 0.5)
+    out.invariant("the byte model matches the bytes transformers' compressed caches held (within 10%)",
+                  max(abs(v - 1) for v in st.model_vs_held.values()) if st.model_vs_held else 0.0, "<=", 0.10)
+    for (t, k), r in st.tests.items():
+        a, b = st.pairs[k]
+        if k == "oracle vs dense":
+            out.hypothesis(f"{t}: {a} answers within 5 points of dense", r["acc_a"] - r["acc_b"], ">=", -0.05)
+        else:
+            worse = r["acc_a"] < r["acc_b"] and r["p"] < 0.05
+            out.hypothesis(f"{t}: {a} is not significantly worse than {b} (McNemar p < 0.05)", float(worse), "==", 0.0)
+    return out
+
+
+__all__ = ["accuracy_figure", "bytes_figure", "checks"]
