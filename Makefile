@@ -46,9 +46,15 @@ test: setup model
 
 # The peer of benchmarks/bench_vs_llamacpp.py, never part of `make test`: llama-cpp-python built from its PyPI source
 # (about 4 minutes on 2 cores; CMake and a C++ compiler needed), at the version the committed results measured.
+# Built without AMX (LLAMA_CFLAGS): ggml's AMX matmul crashed here on a Xeon that has it (SIGSEGV in
+# ggml_backend_amx_mul_mat at the first eval, 2026-12-02), and the flags change nothing on a CPU without AMX; set
+# LLAMA_CFLAGS= to keep AMX where it works. --force-reinstall rebuilds an installed copy with these flags.
 LLAMA_CPP_SPEC ?= llama-cpp-python==0.3.36
+LLAMA_CFLAGS ?= -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 bench-peers: setup
-	$(PY) -m pip install --quiet --no-binary llama-cpp-python $(LLAMA_CPP_SPEC)
+	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" $(PY) -m pip install --quiet --force-reinstall --no-deps \
+		--no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP_SPEC)
+	$(PY) -m pip install --quiet $(LLAMA_CPP_SPEC)
 
 # pyflakes and import order (pyproject's [tool.ruff]); .ci/run runs it before the tests.
 lint: setup

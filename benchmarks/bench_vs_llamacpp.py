@@ -17,7 +17,8 @@ real prose, tokenized once by sparsekv (`load_tokenizer`) and fed to llama.cpp a
            read bandwidth, measured in the same run (`bench_cpu_decode.read_bandwidth`). llama.cpp's: the file's
            weight bytes, and 16-bit K/V over the same tokens as sparsekv's dense step.
 sparsekv runs `load_model(path, weights="gguf")` (the file's own codes, `sparsekv.model.quant`) with bfloat16 K/V
-(llama.cpp keeps float16) and the summaries `minmax` reads (kmin, kmax), both at the same thread count.
+(llama.cpp keeps float16) and the summaries `minmax` reads (kmin, kmax), both at the same thread count; with that
+store its decode step is one operator call per layer (`sparsekv.model.fused`), the profile's "after".
 
 Agreement, on held-out prose (`--agree-tokens` tokens, once per model): top-1 agreement and KL(llama.cpp || sparsekv)
 of the next-token distributions at every position, for sparsekv's gguf and float32 modes; and greedy continuations
@@ -51,6 +52,24 @@ BUDGET = 128                    # the routed run's token budget (minmax)
 # one, which costs Gemma 3 dearly (measured here on 2026-12-01 at 16k: prefill 97.3 s and 50.2 ms per token, against
 # 43.1 s and 23.1 ms with swa_full=False); SmolLM2 has no sliding layers, so the setting does not touch it.
 LLAMA_SETTINGS = {"swa_full": False}
+# The engines whose agreement with llama.cpp is measured: (label, weights, Engine keywords). "gguf" is the general
+# decode path (per-layer Python), "gguf-fused" the one-call-per-layer step the speed cases time (`model.fused`: it
+# needs the kmin/kmax-only store), "float32" the parity reference.
+AGREE_MODES = [("gguf", "gguf", {"fused_decode": False}),
+               ("gguf-fused", "gguf", {"summaries": ("kmin", "kmax"), "repr_keys": 0}),
+               ("float32", "float32", {})]
+
+
+def cpu_name() -> str:
+    """This machine's CPU model, as /proc/cpuinfo names it (machines differ between runs: the README says which)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown"
 
 
 def prompt_ids(tok, n: int, kind: str = "prose", skip: int = 0) -> list[int]:
@@ -191,9 +210,9 @@ def agreement(name: str, path: Path, args) -> dict:
             seq_t.append(int(np.argmax(lg[-1])))
         peer_tokens.append(seq_t)
         peer_logits.append(lg)
-    for weights in ("gguf", "float32"):
-        model = sk.load_model(path, weights=weights)
-        eng = sk.Engine(model, block_size=16, num_blocks=args.agree_tokens // 16 + 64, progress=False)
+    for weights, mode, kw in AGREE_MODES:
+        model = sk.load_model(path, weights=mode)
+        eng = sk.Engine(model, block_size=16, num_blocks=args.agree_tokens // 16 + 64, progress=False, **kw)
         seq = eng.new_sequence()
         eng.prefill(seq, text[:1])
         ours = torch.cat([eng.last_logits(seq)[None], eng.feed(seq, text[1:], router=None)]).double()   # [n, vocab]
@@ -257,8 +276,9 @@ def plot(out: dict, path: Path) -> None:
         for key, label, color in series:
             a.plot(xs, [1e3 * c[f"{key}_tpot_s"] for c in cs], "o-", color=color, label=label)
             a.plot(xs, [1e3 * c[f"{key}_floor_s"] for c in cs], ":", color=color, lw=1)
-        a.set(xscale="log", xlabel="context (tokens)", ylabel="ms per token (median)", ylim=(0, None),
-              title=f"{m}: decode (dotted: byte floors)")
+        top = max(1e3 * c[f"{key}_{kind}_s"] for c in cs for key, _, _ in series for kind in ("tpot", "floor"))
+        a.set(xscale="log", xlabel="context (tokens)", ylabel="ms per token (median)", ylim=(0, 1.5 * top),
+              title=f"{m}: decode (dotted: byte floors)")             # the headroom keeps the legend off the data
         viz.log_ticks(a, "x", xs)
         a.legend(fontsize=8, loc="upper left")
     a = ax[-1]
@@ -271,7 +291,8 @@ def plot(out: dict, path: Path) -> None:
     viz.log_ticks(a, "x", sorted({c["length"] for c in out["cases"]}))
     a.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"sparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, {out['threads']} "
-                 f"threads. No slower than llama.cpp:\n{verdict(out)}", fontsize=11)
+                 f"threads on {out.get('cpu', 'an unrecorded CPU')}. No slower than llama.cpp:\n{verdict(out)}",
+                 fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -282,15 +303,17 @@ KERNEL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")       # and every sparsekv
 
 def overhead(path: Path, n: int, steps: int) -> list[dict]:
     """Where a dense decode step's time goes, before and after this benchmark's engine settings: wall TPOT (median
-    of `steps`, no profiler), the time inside compute kernels (torch.profiler's self CPU time of the matmuls, qlinear
-    and paged_decode, per step), and the rest (Python and small torch ops) per layer."""
+    of `steps`, no profiler), the time inside compute kernels (torch.profiler's self CPU time of the matmuls, qlinear,
+    paged_decode and the fused step's decode_layer, per step), and the rest (Python and small torch ops) per layer."""
     import sparsekv as sk
     tok = sk.load_tokenizer(path)
     ids = prompt_ids(tok, n)
     rows = []
-    configs = [("float32 weights, every summary (before)", "float32", {}),
+    minmax = dict(summaries=("kmin", "kmax"), repr_keys=0)
+    configs = [("float32 weights, every summary", "float32", {}),
                ("gguf weights, every summary", "gguf", {}),
-               ("gguf weights, kmin/kmax only (after)", "gguf", dict(summaries=("kmin", "kmax"), repr_keys=0))]
+               ("gguf weights, kmin/kmax only, per-layer Python (before)", "gguf", dict(minmax, fused_decode=False)),
+               ("gguf weights, kmin/kmax only, one call per layer (after)", "gguf", minmax)]
     for label, weights, store in configs:
         model = sk.load_model(path, weights=weights)
         eng = sk.Engine(model, block_size=16, num_blocks=n // 16 + 64, chunk_size=512, progress=False,
@@ -356,6 +379,7 @@ def main(argv=None) -> int:
                   f" TPOT dense {1e3 * c['sparsekv_dense_tpot_s']:.1f} ms, routed {1e3 * c['sparsekv_routed_tpot_s']:.1f}"
                   f" ms, llama.cpp {1e3 * c['llamacpp_tpot_s']:.1f} ms", flush=True)
     out = {"date": str(date.today()), "torch": torch.__version__, "llama_cpp_python": llama_cpp.__version__,
+           "cpu": cpu_name(), "llama_cpp_features": llama_cpp.llama_print_system_info().decode().strip(" |"),
            "threads": args.threads, "llama_settings": LLAMA_SETTINGS, "read_bandwidth_Bps": bw, "steps": args.steps, "repeats": args.repeats,
            "budget_tokens": BUDGET, "cases": cases, "agreement": agree, "overhead": prof}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -167,7 +167,9 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
     d = json.loads(path.read_text())
     lines = [f"sparsekv (`weights=\"gguf\"`: the file's own codes; bfloat16 K/V) against llama.cpp (llama-cpp-python "
              f"{d['llama_cpp_python']}, float16 K/V) on the same GGUF files and the same token ids of real prose, in one "
-             f"process, {d['threads']} threads, {d['date']} (`python -m benchmarks.bench_vs_llamacpp`). TPOT: the median of "
+             f"process, {d['threads']} threads, {d['date']}, on {d.get('cpu', 'an unrecorded CPU')}"
+             + (f" (llama.cpp's build: {d['llama_cpp_features'].replace(' | ', ', ')}; `make bench-peers` builds it without AMX)" if d.get("llama_cpp_features") else "")
+             + f" (`python -m benchmarks.bench_vs_llamacpp`). TPOT: the median of "
              f"{(d['repeats'] - 1) * d['steps']} greedy steps per engine in {d['repeats'] - 1} interleaved rounds after a "
              f"warm-up round; routed is `minmax` at a {d['budget_tokens']}-token budget. Floors: a step's bytes (weights "
              f"as held, K/V and summaries read) over this run's read bandwidth ({d['read_bandwidth_Bps'] / 1e9:.1f} GB/s):",
@@ -187,7 +189,7 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
               "first divergence | largest logit gap there (either side) |",
               "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
     for a in d["agreement"]:
-        for w in ("gguf", "float32"):
+        for w in [w for w in ("gguf", "gguf-fused", "float32") if f"{w}_top1_agreement" in a]:
             gaps = [max(m["ours"], m["llamacpp"]) for m in a.get(f"{w}_divergence_margins", [])]
             gap = f"{max(gaps):.3f}" if gaps else "-"
             lines.append(f"| {a['model']} | {a['tokens']} | {w} | {a[f'{w}_top1_agreement']:.1%} | {a[f'{w}_kl_mean']:.4f} | "
@@ -196,7 +198,7 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
     if d.get("overhead"):
         o = d["overhead"]
         lines += ["", f"Where a dense SmolLM2 step goes at {o[0]['tokens']:,} tokens (torch.profiler): the time inside "
-                  "compute kernels (matmuls, `qlinear`, `paged_decode`) and the rest (Python and small torch ops), per "
+                  "compute kernels (matmuls, `qlinear`, `paged_decode`, the fused step's `decode_layer`) and the rest (Python and small torch ops), per "
                   f"layer of {o[0]['layers']}:", "", "| engine | TPOT | in kernels | the rest, per layer |",
                   "| --- | ---: | ---: | ---: |"]
         for r in o:

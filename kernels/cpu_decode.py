@@ -3,6 +3,7 @@
     paged_decode.cpp   decode attention over selected (or all) K/V tiles, in place
     route.cpp          block scoring, and scoring + block distribution + top-k in one pass
     qlinear.cpp        weight-only 4- and 8-bit matmuls over a GGUF file's own codes (`sparsekv.model.quant`)
+    decode_layer.cpp   one decoder layer of a decode step in one call (`sparsekv.model.fused`), from the three above
     simd.h             the 16-lane vector type both are written in (AVX-512, or portable loops)
     register.cpp       the torch.library registration (torch.ops.sparsekv_cpu.*)
 
@@ -39,7 +40,7 @@ import torch
 
 _DIR = Path(__file__).resolve().parent / "cpu"
 _SOURCE = _DIR / "paged_decode.cpp"
-_SOURCES = (_SOURCE, _DIR / "route.cpp", _DIR / "qlinear.cpp", _DIR / "register.cpp")
+_SOURCES = (_SOURCE, _DIR / "route.cpp", _DIR / "qlinear.cpp", _DIR / "decode_layer.cpp", _DIR / "register.cpp")
 _HEADERS = (_DIR / "simd.h",)
 _lock = threading.Lock()
 _state: dict = {}

@@ -161,9 +161,12 @@ def _drive(browser, lab, stem, By, Select, WebDriverWait):
         return "| Idle" in (b.execute_script("const e = document.getElementById('jp-main-statusbar');"
                                              "return e ? e.innerText : '';") or "")
 
-    def started(b):          # a code cell's prompt shows [*] (queued or running) or [n] (done)
-        prompts = b.execute_script("return Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden)"
-                                   " .jp-InputPrompt')).map(e => e.innerText.trim());") or []
+    def started(b):          # a code cell's prompt shows [*] (queued or running) or [n] (done), in this tab's panel
+        prompts = b.execute_script(                    # (a hidden panel's executed prompts must not count)
+            "const tab = document.querySelector('#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current');"
+            "const panel = tab ? document.getElementById(tab.getAttribute('data-id')) : null;"
+            "return panel ? Array.from(panel.querySelectorAll('.jp-InputPrompt')).map(e => e.innerText.trim()) : [];"
+        ) or []
         return any(t not in ("", "[ ]:") for t in prompts)
 
     # "Run All Cells" clicked before the kernel is connected can be dropped (seen once in a full `make test` under

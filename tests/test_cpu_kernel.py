@@ -423,6 +423,44 @@ def bit_outputs(cases: list[dict]) -> list[torch.Tensor]:
         for M in (1, 3, 6):
             out.append(cpu_decode.qlinear(torch.randn(M, K, generator=g), codes, scale, off, bits, group))
         out.append(cpu_decode.qdequant(codes, scale, off, bits, group))
+    return out + decode_layer_outputs()
+
+
+def decode_layer_outputs(seed: int = 12) -> list[torch.Tensor]:
+    """The fused step's operator (decode_layer.cpp) on one random layer of each block layout, dense and routed, over
+    float32 and bf16 pools and summaries: its output, its selection, and the pools and summaries it wrote."""
+    g = torch.Generator().manual_seed(seed)
+
+    def lin(N, K, bits):
+        group = 32 if bits == 4 else 16
+        codes = (torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8) if bits == 4
+                 else torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8))
+        off = torch.randn(N, K // group, generator=g) * 0.01 if bits == 4 else torch.zeros(0)
+        return [codes, torch.rand(N, K // group, generator=g) * 0.01, off], [bits, group]
+
+    out = []
+    for sandwich, dtype, (Hq, H, D) in ((0, torch.float32, (6, 2, 64)), (1, torch.bfloat16, (4, 1, 256))):
+        dim, inter, bs, nb, row = 96, 160, 16, 7, 5
+        n = (nb - 1) * bs + row + 1
+        w = [torch.rand(dim, generator=g) + 0.5 for _ in range(4)] + [torch.rand(D, generator=g) for _ in range(2)]
+        if not sandwich:
+            w[2], w[3], w[4], w[5] = (torch.zeros(0),) * 4
+        meta = [Hq, H, D, 1, 1, sandwich, sandwich]
+        for N, K, bits in (((Hq + 2 * H) * D, dim, 4), (dim, Hq * D, 8), (2 * inter, dim, 4), (dim, inter, 8)):
+            t, m = lin(N, K, bits)
+            w += t
+            meta += m
+        table = torch.randperm(nb + 3, generator=g)[:nb]
+        for route in (-1, 0):
+            pools = [torch.randn(H, nb + 3, bs, D, generator=g).to(dtype) for _ in range(2)]
+            lo = torch.randn(H, nb + 3, D, generator=g)
+            sums = [lo.to(dtype), (lo + 1).to(dtype)]
+            x = torch.randn(1, dim, generator=g)
+            cs = torch.rand(D, generator=g)
+            y, sel = torch.ops.sparsekv_cpu.decode_layer(
+                x, w, meta, [1e-6, float(sandwich), 0.4 * sandwich], cs, 1 - cs, *pools, sums, [0, 1], table,
+                torch.arange(nb).expand(H, nb).contiguous(), int(table[-1]), row, n, 0, 2, route, 4, 1, 1)
+            out += [y, sel, *pools, *sums]
     return out
 
 

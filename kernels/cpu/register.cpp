@@ -12,6 +12,12 @@ std::vector<at::Tensor> route_topk(at::Tensor q, at::Tensor a, at::Tensor b, at:
 at::Tensor qlinear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits,
                    int64_t group);
 at::Tensor qdequant(at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits, int64_t group);
+std::vector<at::Tensor> decode_layer(at::Tensor x, std::vector<at::Tensor> w, std::vector<int64_t> meta,
+                                     std::vector<double> fmeta, at::Tensor cos, at::Tensor sin, at::Tensor k_pool,
+                                     at::Tensor v_pool, std::vector<at::Tensor> sums, std::vector<int64_t> kinds,
+                                     at::Tensor table, at::Tensor blocks, int64_t block, int64_t row,
+                                     int64_t num_tokens, int64_t min_token, int64_t splits, int64_t route_kind,
+                                     int64_t top_k, int64_t sink, int64_t local);
 
 TORCH_LIBRARY(sparsekv_cpu, lib) {
   lib.def("paged_decode(Tensor q, Tensor k, Tensor v, Tensor table, Tensor blocks, int num_tokens, int splits, "
@@ -21,6 +27,9 @@ TORCH_LIBRARY(sparsekv_cpu, lib) {
           "-> Tensor[]");
   lib.def("qlinear(Tensor x, Tensor codes, Tensor scale, Tensor offset, int bits, int group) -> Tensor");
   lib.def("qdequant(Tensor codes, Tensor scale, Tensor offset, int bits, int group) -> Tensor");
+  lib.def("decode_layer(Tensor x, Tensor[] w, int[] meta, float[] fmeta, Tensor cos, Tensor sin, Tensor(a!) k, "
+          "Tensor(b!) v, Tensor(c!)[] sums, int[] kinds, Tensor table, Tensor blocks, int block, int row, "
+          "int num_tokens, int min_token, int splits, int route_kind, int top_k, int sink, int local) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(sparsekv_cpu, CPU, lib) {
@@ -29,4 +38,5 @@ TORCH_LIBRARY_IMPL(sparsekv_cpu, CPU, lib) {
   lib.impl("route_topk", &route_topk);
   lib.impl("qlinear", &qlinear);
   lib.impl("qdequant", &qdequant);
+  lib.impl("decode_layer", &decode_layer);
 }

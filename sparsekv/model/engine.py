@@ -110,6 +110,10 @@ class EngineConfig:
     prefetch: int = 0                          # with a cold tier and a router: after each routed layer, read ahead
                                                #   the `prefetch` blocks per kv head ranked next after the
                                                #   selection (by this step's mass): a guess at the next step's
+                                               #   selection
+    fused_decode: bool = True                  # a one-sequence decode step as one operator call per layer where
+                                               #   it applies (`model.fused`: gguf weights, a plain store); False:
+                                               #   always the general path (the per-layer reference)
 
     def __post_init__(self):
         if not isinstance(self.store, StoreConfig):
@@ -117,6 +121,8 @@ class EngineConfig:
         check_int("chunk_size", self.chunk_size, lo=1)
         check_int("dense_layers", self.dense_layers, lo=0)
         check_int("prefetch", self.prefetch, lo=0)
+        if not isinstance(self.fused_decode, bool):
+            raise TypeError(f"fused_decode must be a bool, got {type(self.fused_decode).__name__}")
         if self.prefetch and not self.store.tiered:
             raise ValueError("prefetch reads ahead from a cold tier: set cold_dir (and hot_blocks) too")
 
@@ -173,6 +179,7 @@ class Engine:
             store_cfg = replace(store_cfg, window_blocks=min(store_cfg.num_blocks, 16 * per))
         self.store = make_store(store_cfg, windows)          # a HybridStore when some layers slide (storage.hybrid)
         self._states: dict[int, _State] = {}
+        self._fused = None                                   # model.fused's step, built on the first decode
         self.prefix_cache = None
         if cfg.prefix_cache:
             if set(c.mixers) != {"attn"}:
@@ -396,30 +403,48 @@ class Engine:
         res = [store.reserve(s, 1) for s in seqs]
         for st, tok in zip(states, toks):
             st.tokens.append(tok)
-        plan = plan_decode(store, seqs, self.model.config.n_heads, router=router,
-                           dense_layers=cfg.dense_layers if dense_layers is None else dense_layers,
-                           record=cfg.record_selections, on_route=self._read_ahead(seqs) if cfg.prefetch else None)
+        dense = cfg.dense_layers if dense_layers is None else dense_layers
+        fused = self._fused_step(router, dense, len(seqs), observer)
+        if fused is not None:                        # one operator call per layer (`model.fused`)
+            logits, traffic, tiles = fused.step(toks[0], res[0], seqs[0], router, dense)
+            traffics, tiles, selections, masses = [traffic], [tiles], [None], [None]
+        else:
+            plan = plan_decode(store, seqs, self.model.config.n_heads, router=router, dense_layers=dense,
+                               record=cfg.record_selections, on_route=self._read_ahead(seqs) if cfg.prefetch else None)
 
-        def attend(layer: int, q: torch.Tensor, k=None, v=None) -> torch.Tensor:      # q [B, Hq, D]
-            if observer is not None:
-                observer(layer, q[0])
-            return plan.run(layer, q)     # a decode step reads its own token from the store, as stored (k, v unused)
+            def attend(layer: int, q: torch.Tensor, k=None, v=None) -> torch.Tensor:      # q [B, Hq, D]
+                if observer is not None:
+                    observer(layer, q[0])
+                return plan.run(layer, q)  # a decode step reads its own token from the store, as stored (k, v unused)
 
-        ids, positions = torch.tensor(toks), torch.tensor([r.start for r in res])
-        if all(kind == "attn" for kind in self.model.config.mixers):
-            logits = self.model.forward_decode_batch(ids, positions, store, res, attend)
-        else:                              # conv and linear mixers keep per-sequence state: one sequence here
-            logits = self.model(ids, positions, store, res[0], attend, state=states[0].mixer_state)
+            ids, positions = torch.tensor(toks), torch.tensor([r.start for r in res])
+            if all(kind == "attn" for kind in self.model.config.mixers):
+                logits = self.model.forward_decode_batch(ids, positions, store, res, attend)
+            else:                              # conv and linear mixers keep per-sequence state: one sequence here
+                logits = self.model(ids, positions, store, res[0], attend, state=states[0].mixer_state)
+            traffics, tiles = plan.traffic, plan.blocks_read
+            selections = plan.selections if cfg.record_selections else [None] * len(seqs)
+            masses = plan.masses if cfg.record_selections else [None] * len(seqs)
         for s, st in zip(seqs, states):
             self._release_window(s, st)
         dt = time.perf_counter() - t0
         for b, st in enumerate(states):
-            t = plan.traffic[b]
-            st.stats.steps.append(StepStats(dt, plan.blocks_read[b], t.kv_bytes, t.meta_bytes,
-                                            plan.selections[b] if cfg.record_selections else None,
-                                            plan.masses[b] if cfg.record_selections else None, t))
+            t = traffics[b]
+            st.stats.steps.append(StepStats(dt, tiles[b], t.kv_bytes, t.meta_bytes, selections[b], masses[b], t))
             st.next_logits = logits[b]
         return logits
+
+    def _fused_step(self, router, dense_layers: int, batch: int, observer):
+        """The one-call-per-layer decode step (`model.fused`) when this step is in its scope and
+        `config.fused_decode` is on; None for the general path."""
+        if not self.config.fused_decode or observer is not None:
+            return None
+        if self._fused is None:
+            from . import fused
+            self._fused = fused.build(self.model, self.store) or False
+        ok = self._fused and self._fused.applies(router, dense_layers, batch, self.config.record_selections,
+                                                 self.config.prefetch)
+        return self._fused if ok else None
 
     def _read_ahead(self, seqs: list[Sequence]):
         """After each routed layer, start reading the tiles the next step may want from the cold tier: each kv head's

@@ -1,7 +1,7 @@
 """The paired-question study run whole, for one model and one length: notebooks 14 (SmolLM2) and 15 (Gemma 3) are
-its parameters, its narrative and the figures drawn here. The protocol itself (one prefill per method, each question
-on its own copy, one rule for the question, bytes against bf16 dense, Wilson cells, exact McNemar) is
-`studies.questions`; this module strings it together and names what a notebook reports:
+its parameters, its narrative and its plots (drawn by `suite.paired_report`). The protocol itself (one prefill per
+method, each question on its own copy, one rule for the question, bytes against bf16 dense, Wilson cells, exact
+McNemar) is `studies.questions`; this module strings it together and names what a notebook reports:
 
     run(cfg)            every method's answers to every question of `cfg.docs` documents per task -> Study
     metrics             the metrics JSON's numbers, kinds and headline

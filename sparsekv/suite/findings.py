@@ -446,6 +446,16 @@ def _quant_vs_routers(method: str, n: str):
     return f
 
 
+def _paired_values(n: str, task_rows: list[tuple[str, dict]]) -> dict:
+    """The values every paired-question finding renders: its size, the byte ratios of `minmax`, a press and HQQ at
+    the study's budget, sparsekv's disagreements with transformers, and each task's row (`_task14`)."""
+    return {"n": (n, "questions_per_cell.min"), "L": (n, "document_tokens"),
+            "rr": (n, f"bytes.minmax@{B14}.read"), "hr": (n, f"bytes.minmax@{B14}.held"),
+            "rs": (n, f"bytes.SnapKV@{B14}.read"), "rh": (n, "bytes.hqq2.read"), "rh4": (n, "bytes.hqq4.read"),
+            "dis": _disagree(n), "nall": _questions(n),
+            **{k: v for _, vals in task_rows for k, v in vals.items()}}
+
+
 _T14 = [_task14(t) for t in ("passkey", "multi-key", "fact-prose")]
 FINDINGS.append(
     Finding("**Paired questions at equal bytes read (notebook 14, SmolLM2-135M).** {n:.0f} questions per task on "
@@ -455,12 +465,9 @@ FINDINGS.append(
             "{hr:.2f} (its block summaries included); a press at the same budget reads and holds {rs:.2f}, HQQ 4-bit "
             "{rh4:.2f} and 2-bit {rh:.2f}. Stated before the run: that dense answers at least half the passkey "
             "questions ({verdict}: {pd:.0%}), so every accuracy here reads against dense's, not against 100%. sparsekv's dense answers and transformers' differ on {dis:.0f} of the {nall:.0f} questions.",
-            {"n": (N14, "questions_per_cell.min"), "L": (N14, "document_tokens"),
-             "rr": (N14, f"bytes.minmax@{B14}.read"), "hr": (N14, f"bytes.minmax@{B14}.held"),
-             "rs": (N14, f"bytes.SnapKV@{B14}.read"), "rh": (N14, "bytes.hqq2.read"), "rh4": (N14, "bytes.hqq4.read"),
+            {**_paired_values(N14, _T14),
              "verdict": lambda m: "supported" if m[N14]["acc.passkey.dense"] >= 0.5 else "rejected",
-             "pd": (N14, "acc.passkey.dense"), "dis": _disagree(N14), "nall": _questions(N14),
-             **{k: v for _, vals in _T14 for k, v in vals.items()}}))
+             "pd": (N14, "acc.passkey.dense")}))
 
 _T15 = [_task14(t, N15) for t in ("passkey", "multi-key")]
 FINDINGS.append(
@@ -471,12 +478,8 @@ FINDINGS.append(
             "and holds {hr:.2f}; a press reads and holds {rs:.2f}, HQQ 4-bit {rh4:.2f} and 2-bit {rh:.2f} (counted "
             "as if its sliding layers held only their window): {q4}. sparsekv's dense answers and transformers' differ on "
             "{dis:.0f} of the {nall:.0f} questions.",
-            {"n": (N15, "questions_per_cell.min"), "L": (N15, "document_tokens"),
-             "rr": (N15, f"bytes.minmax@{B14}.read"), "hr": (N15, f"bytes.minmax@{B14}.held"),
-             "rs": (N15, f"bytes.SnapKV@{B14}.read"), "rh": (N15, "bytes.hqq2.read"), "rh4": (N15, "bytes.hqq4.read"),
-             "rp": _router_vs_press("passkey", N15), "dis": _disagree(N15), "nall": _questions(N15),
-             "q4": _quant_vs_routers("hqq4", N15),
-             **{k: v for _, vals in _T15 for k, v in vals.items()}}))
+            {**_paired_values(N15, _T15),
+             "rp": _router_vs_press("passkey", N15), "q4": _quant_vs_routers("hqq4", N15)}))
 
 
 def load(figures: Path) -> Metrics:
