@@ -31,7 +31,7 @@
 //   sums    the summaries the store keeps, each [H, NB, D] contiguous float32 or bfloat16; kinds: 0 kmin, 1 kmax
 //   table   [nb] int64 physical block of each logical block; blocks [H, K] int64 (read when route_kind < 0)
 //   route_kind  -1: attend `blocks`; 0: minmax routing over sums of kinds 0 and 1 (top_k, sink, local)
-// Returns {x' [1, dim] float32, the blocks attended [H, K] int64}.
+// Returns {x' [1, dim] float32, the routed selection [H, K] int64 (empty when route_kind < 0)}.
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 
@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "simd.h"
@@ -117,6 +118,12 @@ uint16_t bf16_directed(float x, int dir) {
   const bool neg = (y & 0x8000) != 0, zero = (y & 0x7fff) == 0;
   if (zero) return dir < 0 ? 0x8001 : 0x0001;
   return (dir < 0) == neg ? static_cast<uint16_t>(y + 1) : static_cast<uint16_t>(y - 1);
+}
+
+// min (dir < 0) or max of a stored summary and a new row value, a NaN in either giving NaN (torch.minimum's rule)
+inline float extend(float old, float r, int dir) {
+  if (std::isnan(old) || std::isnan(r)) return std::numeric_limits<float>::quiet_NaN();
+  return dir < 0 ? std::min(old, r) : std::max(old, r);
 }
 
 void check_pool(const at::Tensor& t, const char* name) {
@@ -237,23 +244,24 @@ std::vector<at::Tensor> decode_layer(at::Tensor x, std::vector<at::Tensor> w, st
         if (sbf) {
           uint16_t* p = reinterpret_cast<uint16_t*>(sums[s].data_ptr<at::BFloat16>()) + at_sum + d;
           const float old = skv::bf16_to_float(*p);
-          *p = bf16_directed(row == 0 ? r : (dir < 0 ? std::fmin(old, r) : std::fmax(old, r)), dir);
+          *p = bf16_directed(row == 0 ? r : extend(old, r, dir), dir);
         } else {
           float* p = sums[s].data_ptr<float>() + at_sum + d;
-          *p = row == 0 ? r : (dir < 0 ? std::fmin(*p, r) : std::fmax(*p, r));
+          *p = row == 0 ? r : extend(*p, r, dir);
         }
       }
     }
   }
 
   // attention over every block or the routed ones
-  at::Tensor sel = blocks;
+  at::Tensor sel = at::empty({0}, blocks.options());           // returned: the routed selection, else empty
   if (route_kind >= 0) {
     TORCH_CHECK(route_kind == 0 && kmin != nullptr && kmax != nullptr,
                 "decode_layer: minmax routing (route_kind 0) needs the kmin and kmax summaries");
     sel = route_topk(q, *kmin, *kmax, table, 0, top_k, sink, local)[0];
   }
-  const at::Tensor o = paged_decode(q, k_pool, v_pool, table, sel, num_tokens, splits, min_token)[0];
+  const at::Tensor o = paged_decode(q, k_pool, v_pool, table, route_kind >= 0 ? sel : blocks, num_tokens, splits,
+                                    min_token)[0];
   at::Tensor y = lin[n_qkv](o.reshape({1, Hq * D}));
   TORCH_CHECK(y.size(1) == dim, "decode_layer: o_proj must give dim outputs");
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.backend import resolve
 from ..core.traffic import INDEX_BYTES, StepTraffic, attention_traffic
 from ..storage.hybrid import HybridStore
 from ..storage.store import BlockStore, Sequence
@@ -119,8 +120,9 @@ class FusedDecode:
             return False
         if router is None or dense_layers >= self._n_global:
             return True
+        # the backend as the general path resolves it (`Router.select_planned`): "auto" can mean Triton's interpreter
         return bool(router.fusable and router.scorer.name == "minmax" and self._has_minmax
-                    and router.backend in ("auto", "cpp"))
+                    and resolve(router.backend, torch.empty(0)) == "cpp")
 
     @torch.inference_mode()
     def step(self, token: int, res, seq: Sequence, router, dense_layers: int):
@@ -135,14 +137,14 @@ class FusedDecode:
         rot = [t[0].contiguous() for t in model.rotary(pos)]
         rot_local = [t[0].contiguous() for t in model.rotary(pos, local=True)] if model.local_rope else rot
         groups = self._groups(res, seq, Hq)
-        top_k = router.selector.budget_blocks(self._subs[0].config.block_size) if router is not None else 1
-        sink, local = (router.sink_blocks, router.local_blocks) if router is not None else (0, 1)
-        nb = seq.num_blocks
-        split_routed = splits_for(self._subs[0].config.num_kv_heads, min(top_k, nb))
+        routing = router is not None and dense_layers < self._n_global       # else every layer dense: no selector read
+        top_k = router.selector.budget_blocks(self._subs[0].config.block_size) if routing else 1
+        sink, local = (router.sink_blocks, router.local_blocks) if routing else (0, 1)
+        split_routed = splits_for(self._subs[0].config.num_kv_heads, min(top_k, seq.num_blocks))
         picked = []
         for w, meta, fmeta, kp, vp, sums, kinds, gi, jj in self._layers:
             block, row, table, n, blocks, first, splits, _ = groups[gi]
-            routed = gi == 0 and router is not None and jj >= dense_layers
+            routed = gi == 0 and routing and jj >= dense_layers
             cos, sin = rot_local if gi else rot
             x, sel = self._op(x, w, meta, fmeta, cos, sin, kp, vp, sums, kinds, table, blocks, block, row, n, first,
                               split_routed if routed else splits, 0 if routed else -1, top_k, sink, local)
