@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import torch
 
+from ..attention.plan import step_traffic
 from ..core.backend import resolve
 from ..core.traffic import INDEX_BYTES, StepTraffic, attention_traffic
+from ..kernels.cpu_decode import splits_for
 from ..storage.hybrid import HybridStore
 from ..storage.store import BlockStore, Sequence
 from .model import Model
@@ -111,7 +113,8 @@ class FusedDecode:
             if not all(t.is_contiguous() for t in (*pools, *sums)):
                 raise ValueError("the store's pools and summaries must be head-major (BlockStore's layout)")
             self._layers.append((w, meta, fmeta, *pools, sums, [_KINDS[n] for n in names], gi, jj))
-        self._n_global = sum(1 for lay in self._layers if lay[-2] == 0)
+        self._per_group = [sum(1 for lay in self._layers if lay[-2] == gi) for gi in range(len(self._subs))]
+        self._n_global = self._per_group[0]
         self._has_minmax = {"kmin", "kmax"} <= set(self._subs[0].config.summaries)
 
     def applies(self, router, dense_layers: int, batch: int, record: bool, prefetch: int) -> bool:
@@ -129,7 +132,6 @@ class FusedDecode:
         """One decode step of `seq` on `token`, whose slot `res` is reserved: writes every layer's K/V and
         summaries, attends (dense, windowed, or routed from global layer `dense_layers` on), and returns
         (logits [1, vocab] float32, the step's StepTraffic summed over layers, the (kv head, block) tiles read)."""
-        from ..kernels.cpu_decode import splits_for
         model = self.model
         Hq = model.config.n_heads
         x = model.embed(torch.tensor([token]))                                          # [1, dim]
@@ -157,8 +159,6 @@ class FusedDecode:
     def _groups(self, res, seq: Sequence, num_q_heads: int) -> list[tuple]:
         """Per layer group, what its layers share this step: (physical block and row of the new token, the block
         table, tokens, the blocks read when not routed [H, K], the first token attended, splits, their traffic)."""
-        from ..attention.plan import step_traffic
-        from ..kernels.cpu_decode import splits_for
         hybrid = isinstance(self.store, HybridStore)
         parts = self.store.parts(seq) if hybrid else [seq]
         out = []
@@ -181,7 +181,7 @@ class FusedDecode:
         summaries and table entries routing read (`Selection.traffic`)."""
         total, tiles = StepTraffic(), 0
         for gi, g in enumerate(groups):
-            n = sum(1 for lay in self._layers if lay[-2] == gi) - (len(picked) if gi == 0 else 0)
+            n = self._per_group[gi] - (len(picked) if gi == 0 else 0)          # this group's layers not routed
             if n:
                 t = g[-1]
                 total = total + StepTraffic(n * t.kv_bytes, n * t.summary_bytes, n * t.index_bytes, n * t.qo_bytes)
