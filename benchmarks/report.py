@@ -174,12 +174,13 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
              f"warm-up round; routed is `minmax` at a {d['budget_tokens']}-token budget. Floors: a step's bytes (weights "
              f"as held, K/V and summaries read) over this run's read bandwidth ({d['read_bandwidth_Bps'] / 1e9:.1f} GB/s):",
              "", "Where sparsekv is no slower than llama.cpp in this run (`bench_vs_llamacpp.verdict`, from the rows below): "
-             + _verdict(d), "", "| model | tokens | prefill sparsekv / llama.cpp | TPOT llama.cpp | TPOT sparsekv dense | TPOT sparsekv routed "
-             "| dense / llama.cpp | routed / llama.cpp | x floor: llama.cpp, dense, routed |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             + _verdict(d), "", "| model | tokens | weights held sparsekv / llama.cpp | prefill sparsekv / llama.cpp | TPOT llama.cpp | "
+             "TPOT sparsekv dense | TPOT sparsekv routed | dense / llama.cpp | routed / llama.cpp | x floor: llama.cpp, dense, routed |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in d["cases"]:
         lines.append(
-            f"| {r['model']} | {r['length']:,} | {r['sparsekv_prefill_s']:.1f} / {r['llamacpp_prefill_s']:.1f} s | "
+            f"| {r['model']} | {r['length']:,} | {r['sparsekv_weight_bytes'] / 1e6:.0f} / {r['llamacpp_weight_bytes'] / 1e6:.0f} MB | "
+            f"{r['sparsekv_prefill_s']:.1f} / {r['llamacpp_prefill_s']:.1f} s | "
             f"{1e3 * r['llamacpp_tpot_s']:.1f} ms | {1e3 * r['sparsekv_dense_tpot_s']:.1f} ms | "
             f"{1e3 * r['sparsekv_routed_tpot_s']:.1f} ms | {r['dense_vs_llamacpp']:.2f}x | {r['routed_vs_llamacpp']:.2f}x | "
             f"{r['llamacpp_over_floor']:.1f} / {r['sparsekv_dense_over_floor']:.1f} / {r['sparsekv_routed_over_floor']:.1f} |")

@@ -185,7 +185,9 @@ def route_topk(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, table: torch.T
 def qlinear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int,
             group: int) -> torch.Tensor:
     """y [M, N] float32 = x [M, K] float32 . W^T for W held as codes (`cpu/qlinear.cpp`: bits 4, uint8 [N, K / 2]
-    packed in GGUF's nibble order; bits 8, int8 [N, K]) with float32 scale, offset [N, K / group]:
+    packed in GGUF's nibble order; bits 6, uint8 [N, 3 K / 4], those nibbles then the high 2 bits; bits 8, int8
+    [N, K]) with scale and offset (offset may be empty) float32 [N, K / group], or factored as the K-quants store
+    them (uint8 [N, K / group + 4 K / 256]: int8 multipliers, then a float32 per 256 weights):
     w = fma(code, scale, offset)."""
     if load() is None:
         raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")

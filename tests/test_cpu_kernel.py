@@ -413,16 +413,14 @@ def bit_outputs(cases: list[dict]) -> list[torch.Tensor]:
         out.append(cpu_decode.minmax_scores(c["q"], c["lo"], c["hi"], c["table"]))
         for kind, (a, b) in ((0, (c["lo"], c["hi"])), (1, (c["lo"], c["lo"]))):
             out += list(cpu_decode.route_topk(c["q"], a, b, c["table"], kind, 7, 1, 1))
+    from test_quant import layouts, random_weight
     g = torch.Generator().manual_seed(11)           # the weight-only matmuls (qlinear.cpp), every layout
-    for bits, group, offset in ((4, 32, True), (8, 32, False), (8, 16, False), (8, 32, True)):
-        N, K = 45, 160
-        codes = (torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8) if bits == 4
-                 else torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8))
-        scale = torch.rand(N, K // group, generator=g)
-        off = torch.randn(N, K // group, generator=g) if offset else torch.zeros(0)
+    for bits, group, scale, offset in layouts():
+        w = random_weight(bits, group, scale, offset, 45, 512 if "factored" in (scale, offset) else 160, g)
         for M in (1, 3, 6):
-            out.append(cpu_decode.qlinear(torch.randn(M, K, generator=g), codes, scale, off, bits, group))
-        out.append(cpu_decode.qdequant(codes, scale, off, bits, group))
+            out.append(cpu_decode.qlinear(torch.randn(M, w.shape[1], generator=g), w.codes, w.scale, w.offset, bits,
+                                          group))
+        out.append(cpu_decode.qdequant(w.codes, w.scale, w.offset, bits, group))
     return out + decode_layer_outputs()
 
 
@@ -490,7 +488,8 @@ torch.save({"arch": cpu_decode.arch(), "outputs": bit_outputs(bit_cases())}, sys
 
 def test_the_kernels_give_the_same_bits_for_another_instruction_set(tmp_path):
     """This build (-march=native) against one for another -march (cpuconfig.alt_arch: AVX2 without AVX-512
-    where the CPU has AVX-512, so simd.h's portable path runs), in a subprocess (one process holds one build
+    where the CPU has AVX-512, so simd.h's AVX2 path runs against its AVX-512 one; plain x86-64 on an AVX2 CPU, its
+    portable path against the AVX2 one), in a subprocess (one process holds one build
     of the op library). Built once into the same build folder, where the `alt` notebook runs find it."""
     import os
     import subprocess

@@ -47,26 +47,46 @@ def test_bad_layouts_are_refused():
 
 
 def layouts():
-    """(bits, group, offset) of every layout the formats produce."""
-    return [(4, 32, True), (8, 32, False), (8, 32, True), (8, 16, False)]
+    """(bits, group, scale form, offset form) of every layout the formats produce, and the other forms on them;
+    forms "plain" (float32), "half" (float16) or "factored"; offset None: no offset."""
+    return [(4, 32, "half", "half"), (4, 32, "factored", "factored"), (4, 32, "plain", "plain"),
+            (5, 32, "half", None), (6, 16, "factored", None), (6, 32, "plain", "half"), (8, 32, "half", None),
+            (8, 32, "plain", "plain"), (8, 16, "plain", None), (8, 16, "factored", "factored")]
 
 
-def random_weight(bits, group, offset, N, K, g) -> quant.QuantWeight:
-    codes = (torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8) if bits == 4
-             else torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8))
-    scale = torch.rand(N, K // group, generator=g) * 0.1
-    off = torch.randn(N, K // group, generator=g) * 0.1 if offset else torch.zeros(0)
-    return quant.QuantWeight(codes, scale, off, bits, group)
+def random_table(N, ng, K, form, g) -> torch.Tensor:
+    """A scale or offset table: float32 or float16 [N, ng], or factored uint8 (random int8 multipliers, float32
+    supers)."""
+    if form != "factored":
+        return (torch.randn(N, ng, generator=g) * 0.1).to(torch.float16 if form == "half" else torch.float32)
+    mult = torch.randint(-128, 128, (N, ng), generator=g, dtype=torch.int8).numpy()
+    sup = (torch.rand(N, K // 256, generator=g) * 1e-3).numpy()
+    return torch.from_numpy(quant.factor(mult, sup))
+
+
+def random_weight(bits, group, scale, offset, N, K, g) -> quant.QuantWeight:
+    codes = (torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8) if bits == 8
+             else torch.randint(0, 256, (N, K * bits // 8), generator=g, dtype=torch.uint8))
+    off = random_table(N, K // group, K, offset, g) if offset else torch.zeros(0)
+    return quant.QuantWeight(codes, random_table(N, K // group, K, scale, g), off, bits, group)
+
+
+def fits(K, scale, offset) -> int:
+    """K rounded up to a multiple of 256 where a table is factored (the layout needs it)."""
+    return -(-K // 256) * 256 if "factored" in (scale, offset) else K
 
 
 @kernel_only
-@pytest.mark.parametrize("bits,group,offset", layouts())
+@pytest.mark.parametrize("bits,group,scale,offset", layouts())
 @pytest.mark.parametrize("N,K,M", [(37, 96, 1), (5, 32, 2), (129, 576, 3), (64, 1536, 4), (7, 160, 5), (33, 64, 17)])
-def test_the_kernel_matches_a_float64_reference(bits, group, offset, N, K, M):
+def test_the_kernel_matches_a_float64_reference(bits, group, scale, offset, N, K, M):
     """Bound: each weight is rounded once (u |w|), and each lane's sum runs over K / 64 products, then 2 adds of the
-    accumulators and 4 of the tree: |y - y64| <= (K / 64 + 8) u sum |w x| (a first-order gamma_n bound, doubled)."""
+    accumulators and 4 of the tree: |y - y64| <= (K / 64 + 8) u sum |w x| (a first-order gamma_n bound, doubled).
+    A factored table needs K a multiple of 256: K is rounded up to one there. The reference multiplies a factored
+    table out in float32 as the layout defines it (`quant.table`); the float64 part is everything after."""
+    K = fits(K, scale, offset)
     g = torch.Generator().manual_seed(N * K + M)
-    w = random_weight(bits, group, offset, N, K, g)
+    w = random_weight(bits, group, scale, offset, N, K, g)
     x = torch.randn(M, K, generator=g)
     lin = quant.QuantLinear(w)
     y = lin(x)
@@ -86,9 +106,9 @@ def test_decode_rows_and_prefill_rows_agree():
     exact one whatever its order (the recursive-summation bound), so the two are within twice that. The bound holds on
     any CPU and BLAS; a fixed 1e-5 did not (MKL on an Intel Xeon differed by 1.5e-5 where an AMD EPYC stayed under)."""
     g = torch.Generator().manual_seed(3)
-    w = random_weight(4, 32, True, 200, 576, g)
+    w = random_weight(4, 32, "factored", "factored", 200, 768, g)
     lin = quant.QuantLinear(w)
-    x = torch.randn(quant.DECODE_ROWS + 8, 576, generator=g)
+    x = torch.randn(quant.DECODE_ROWS + 8, 768, generator=g)
     chunk = lin(x)
     rows = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
     K, eps = x.shape[1], torch.finfo(torch.float32).eps
@@ -98,7 +118,7 @@ def test_decode_rows_and_prefill_rows_agree():
 
 def test_wrong_input_dtype_is_a_type_error():
     g = torch.Generator().manual_seed(0)
-    lin = quant.QuantLinear(random_weight(8, 32, False, 4, 32, g))
+    lin = quant.QuantLinear(random_weight(8, 32, "plain", None, 4, 32, g))
     with pytest.raises(TypeError, match="x must be float32"):
         lin(torch.zeros(1, 32, dtype=torch.bfloat16))
 

@@ -3,10 +3,22 @@
 // Layout (sparsekv/model/quant.py builds it from a GGUF tensor, exactly): W [N, K] in groups of G consecutive
 // weights along K, w[n, k] = fma(code[n, k], scale[n, k / G], offset[n, k / G]) in float32;
 //   bits 4: codes uint8 [N, K / 2], G = 32; byte j of group g holds element 32 g + j in its low nibble and
-//           32 g + 16 + j in its high nibble (GGUF's Q4_0 / Q4_1 order)
+//           32 g + 16 + j in its high nibble (GGUF's Q4_0 / Q4_1 order); code = the nibble, 0..15
+//   bits 5: codes uint8 [N, 5 K / 8], G = 32: per row, the low nibbles as bits 4 lays them out (K / 2 bytes),
+//           then the high bits (K / 8 bytes), one little-endian uint16 per 16 consecutive elements with element
+//           i of them at bit i; code = nibble + 16 high - 16, -16..15 (GGUF's Q5_0)
+//   bits 6: codes uint8 [N, 3 K / 4], G = 16 or 32: the low nibbles as bits 4 (K / 2 bytes), then the high 2
+//           bits (K / 4 bytes), one little-endian uint32 per 16 consecutive elements with element i at bits 2i,
+//           2i + 1; code = nibble + 16 high - 32, -32..31 (GGUF's Q6_K)
 //   bits 8: codes int8 [N, K], G = 16 or 32
-// scale float32 [N, K / G]; offset float32 [N, K / G], or empty for a format without one (w = code * scale,
-// the same value as the fma with 0); K a multiple of 32.
+// scale, and offset where there is one, in one of three forms:
+//   plain     float32 [N, K / G]
+//   half      float16 [N, K / G] (widened exactly: the form of the legacy formats' d and m)
+//   factored  uint8 [N, K / G + 4 K / 256]: per row, K / G int8 multipliers m, then K / 256 float32 super-scales d
+//             (little-endian bytes), one per 256 weights; scale[n, g] = d[n, g G / 256] * m[n, g] rounded to
+//             float32 (the K-quants' own form: GGUF's float16 d times a 6- or 8-bit integer, exact in float32)
+// offset may also be empty (w = code * scale, the same value as the fma with 0). K a multiple of 32 (of 256
+// with a factored scale or offset).
 //
 // Algorithm (qlinear), per output row n (rows split across threads, one row always one thread's):
 //   for each 16-weight chunk c of the row:
@@ -24,6 +36,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "simd.h"
 
@@ -35,33 +48,63 @@ using skv::kLanes;
 constexpr int kBatch = 4;           // rows of x sharing one pass over the codes
 constexpr int64_t kGrainRows = 16;  // output rows per work item, at least
 
+// A scale or offset table in either form (file comment).
+struct Table {
+  const float* plain = nullptr;    // [N, K / G]
+  const uint16_t* half = nullptr;  // float16 [N, K / G]
+  const uint8_t* bytes = nullptr;  // factored: [N, K / G + 4 K / 256]
+  int64_t row = 0;                 // elements (plain) or bytes (factored) per row
+  int64_t groups = 0;              // K / G
+  int64_t per_super = 1;           // groups per 256 weights
+
+  bool empty() const { return plain == nullptr && half == nullptr && bytes == nullptr; }
+  float at(int64_t n, int64_t g) const {
+    if (plain != nullptr) return plain[n * row + g];
+    if (half != nullptr) return c10::detail::fp16_ieee_to_fp32_value(half[n * row + g]);
+    const uint8_t* r = bytes + n * row;
+    float d;
+    std::memcpy(&d, r + groups + 4 * (g / per_super), sizeof d);
+    return d * static_cast<float>(static_cast<int8_t>(r[g]));
+  }
+};
+
 struct QWeight {
-  // pointers
-  const uint8_t* codes;  // bits 4: [N, K / 2] packed; bits 8: [N, K] (int8 as bytes)
-  const float* scale;    // [N, K / G]
-  const float* offset;   // [N, K / G], or nullptr (no offset)
-  // sizes
-  int64_t N, K;
+  const uint8_t* codes;  // [N, row_bytes]: bits 4 packed, bits 5 and 6 nibbles then high bits, bits 8 int8
+  Table scale, offset;   // offset empty: no offset
+  int64_t N, K, row_bytes;
   int bits, group;
 };
 
 // The 32 weights of pair p (chunks 2p, 2p+1) of row n, dequantised.
 inline void pair_weights(const QWeight& w, int64_t n, int64_t p, V16& w0, V16& w1) {
-  const int64_t ng = w.K / w.group;
-  const float* s = w.scale + n * ng;
-  const float* o = w.offset == nullptr ? nullptr : w.offset + n * ng;
+  const uint8_t* r = w.codes + n * w.row_bytes;
   V16 c0, c1;
-  if (w.bits == 4) {
-    skv::load_u4(w.codes + n * (w.K / 2) + p * 16, c0, c1);
-  } else {
-    const int8_t* q = reinterpret_cast<const int8_t*>(w.codes) + n * w.K + p * 32;
+  if (w.bits == 8) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(r) + p * 32;
     c0 = skv::load_i8(q), c1 = skv::load_i8(q + kLanes);
+  } else {
+    skv::load_u4(r + p * 16, c0, c1);
+    if (w.bits == 5) {                                   // code = nibble + 16 high - 16, every step exact
+      uint16_t h[2];
+      std::memcpy(h, r + w.K / 2 + p * 4, sizeof h);
+      const V16 sixteen = skv::splat(16.0f);
+      c0 = skv::sub(skv::fma(skv::load_fields<1>(h[0]), sixteen, c0), sixteen);
+      c1 = skv::sub(skv::fma(skv::load_fields<1>(h[1]), sixteen, c1), sixteen);
+    } else if (w.bits == 6) {                            // code = nibble + 16 high - 32
+      uint32_t h[2];
+      std::memcpy(h, r + w.K / 2 + p * 8, sizeof h);
+      const V16 sixteen = skv::splat(16.0f), bias = skv::splat(32.0f);
+      c0 = skv::sub(skv::fma(skv::load_fields<2>(h[0]), sixteen, c0), bias);
+      c1 = skv::sub(skv::fma(skv::load_fields<2>(h[1]), sixteen, c1), bias);
+    }
   }
   const int64_t g0 = w.group == 32 ? p : 2 * p, g1 = w.group == 32 ? p : 2 * p + 1;   // group 16: one per chunk
-  if (w.offset != nullptr) {
-    w0 = skv::fma(c0, skv::splat(s[g0]), skv::splat(o[g0])), w1 = skv::fma(c1, skv::splat(s[g1]), skv::splat(o[g1]));
+  const float s0 = w.scale.at(n, g0), s1 = g1 == g0 ? s0 : w.scale.at(n, g1);
+  if (!w.offset.empty()) {
+    const float o0 = w.offset.at(n, g0), o1 = g1 == g0 ? o0 : w.offset.at(n, g1);
+    w0 = skv::fma(c0, skv::splat(s0), skv::splat(o0)), w1 = skv::fma(c1, skv::splat(s1), skv::splat(o1));
   } else {
-    w0 = skv::mul(c0, skv::splat(s[g0])), w1 = skv::mul(c1, skv::splat(s[g1]));
+    w0 = skv::mul(c0, skv::splat(s0)), w1 = skv::mul(c1, skv::splat(s1));
   }
 }
 
@@ -87,26 +130,45 @@ void rows(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, 
   }
 }
 
+Table table(const at::Tensor& t, const char* name, int64_t N, int64_t K, int64_t group) {
+  Table tab;
+  tab.groups = K / group;
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.size(0) == N,
+              "qlinear: ", name, " must be a contiguous 2-D tensor with N = ", N, " rows");
+  if (t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf) {
+    TORCH_CHECK(t.size(1) == tab.groups, "qlinear: a float32 or float16 ", name, " must be [N, K / group] = [", N,
+                ", ", tab.groups, "], got ", t.sizes());
+    if (t.scalar_type() == at::kFloat) tab.plain = t.data_ptr<float>();
+    else tab.half = reinterpret_cast<const uint16_t*>(t.data_ptr());
+    tab.row = tab.groups;
+    return tab;
+  }
+  TORCH_CHECK(t.scalar_type() == at::kByte, "qlinear: ", name,
+              " must be float32 (plain), float16 (half) or uint8 (factored), got ", t.scalar_type());
+  TORCH_CHECK(K % 256 == 0, "qlinear: a factored ", name, " needs K a multiple of 256, got ", K);
+  TORCH_CHECK(t.size(1) == tab.groups + 4 * (K / 256), "qlinear: a factored ", name,
+              " must be uint8 [N, K / group + 4 K / 256] = [", N, ", ", tab.groups + 4 * (K / 256), "], got ",
+              t.sizes());
+  tab.bytes = static_cast<const uint8_t*>(t.data_ptr()), tab.row = t.size(1), tab.per_super = 256 / group;
+  return tab;
+}
+
 QWeight check(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset, int64_t bits,
               int64_t group) {
-  TORCH_CHECK(bits == 4 || bits == 8, "qlinear: bits must be 4 or 8, got ", bits);
-  TORCH_CHECK(group == 32 || (bits == 8 && group == 16), "qlinear: group must be 32 (or 16 with 8 bits), got ",
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "qlinear: bits must be 4, 5, 6 or 8, got ", bits);
+  TORCH_CHECK(group == 32 || (bits >= 6 && group == 16), "qlinear: group must be 32 (or 16 with 6 or 8 bits), got ",
               group);
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous(), "qlinear: codes must be a contiguous [N, K'] tensor");
-  TORCH_CHECK(codes.scalar_type() == (bits == 4 ? at::kByte : at::kChar), "qlinear: codes must be ",
-              bits == 4 ? "uint8" : "int8", ", got ", codes.scalar_type());
-  const int64_t N = codes.size(0), K = bits == 4 ? codes.size(1) * 2 : codes.size(1);
-  TORCH_CHECK(K % 32 == 0, "qlinear: K must be a multiple of 32, got ", K);
-  const bool has_offset = offset.numel() > 0;
-  for (const at::Tensor* t : {&scale, &offset}) {
-    if (t == &offset && !has_offset) continue;
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == N &&
-                    t->size(1) == K / group,
-                "qlinear: scale (and a non-empty offset) must be contiguous float32 [N, K / group] = [", N, ", ",
-                K / group, "]");
-  }
-  return {static_cast<const uint8_t*>(codes.data_ptr()), scale.data_ptr<float>(),
-          has_offset ? offset.data_ptr<float>() : nullptr, N, K, static_cast<int>(bits), static_cast<int>(group)};
+  TORCH_CHECK(codes.scalar_type() == (bits == 8 ? at::kChar : at::kByte), "qlinear: codes must be ",
+              bits == 8 ? "int8" : "uint8", ", got ", codes.scalar_type());
+  const int64_t N = codes.size(0), row = codes.size(1);
+  const int64_t K = bits == 4 ? row * 2 : bits == 5 ? row * 8 / 5 : bits == 6 ? row * 4 / 3 : row;
+  TORCH_CHECK(K % 32 == 0 && K * bits == row * 8, "qlinear: K must be a multiple of 32, got codes ", codes.sizes(),
+              " for ", bits, " bits");
+  QWeight w{static_cast<const uint8_t*>(codes.data_ptr()), table(scale, "scale", N, K, group), Table{}, N, K, row,
+            static_cast<int>(bits), static_cast<int>(group)};
+  if (offset.numel() > 0) w.offset = table(offset, "offset", N, K, group);
+  return w;
 }
 
 }  // namespace
@@ -138,7 +200,7 @@ at::Tensor qlinear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor 
 
 at::Tensor qdequant(at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits, int64_t group) {
   const QWeight w = check(codes, scale, offset, bits, group);
-  at::Tensor out = at::empty({w.N, w.K}, scale.options());
+  at::Tensor out = at::empty({w.N, w.K}, codes.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   at::parallel_for(0, w.N, kGrainRows, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {

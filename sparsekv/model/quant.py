@@ -6,23 +6,36 @@ multiplies in place: W [N, K] in groups of G consecutive weights along K,
     w[n, k] = fma(code[n, k], scale[n, k // G], offset[n, k // G])      (float32; code * scale without offset)
 
     bits 4: codes uint8 [N, K / 2], G = 32; byte j of a group holds element j in its low nibble and
-            element j + 16 in its high nibble (the order of GGUF's Q4_0 and Q4_1)
+            element j + 16 in its high nibble (the order of GGUF's Q4_0 and Q4_1); code 0..15
+    bits 5: codes uint8 [N, 5 K / 8], G = 32: per row the low nibbles as bits 4 lays them out, then the high
+            bits, one little-endian uint16 per 16 elements (element i at bit i); code = nibble + 16 high - 16,
+            in -16..15
+    bits 6: codes uint8 [N, 3 K / 4], G = 16: per row the low nibbles as bits 4 lays them out, then the high
+            2 bits, one little-endian uint32 per 16 elements (element i at bits 2i, 2i + 1); code = nibble +
+            16 high - 32, in -32..31
     bits 8: codes int8 [N, K], G = 32 or 16
 
-Every GGUF block format this suite's two models use maps onto it exactly (the same float32 value per weight
-as ggml's dequantisation, `tests/test_quant.py` checks each against `gguf.quants.dequantize`):
+and scale (and offset, where there is one) in one of three forms: plain, float32 [N, K / G]; half, float16
+[N, K / G] (the legacy formats' d and m, as the file stores them); or factored as the K-quants store them: uint8
+[N, K / G + 4 K / 256], per row K / G int8 multipliers m then K / 256 float32 super-scales d (raw little-endian
+bytes), scale = float32(d * m). Every GGUF block format this suite's two models use maps onto it exactly (the same
+float32 value per weight as ggml's dequantisation, `tests/test_quant.py` checks each against
+`gguf.quants.dequantize`):
 
-    Q4_0   d (q - 8)            bits 4, scale d, offset -8 d
-    Q4_1   d q + m              bits 4, scale d, offset m
-    Q4_K   d sc_j q - dmin m_j  bits 4, scale d sc_j, offset -dmin m_j  (6-bit sc_j, m_j per 32 weights)
-    Q5_0   d (q - 16)           bits 8, codes q - 16, scale d, no offset
-    Q5_1   d q + m              bits 8, scale d, offset m
-    Q8_0   d q                  bits 8, scale d, no offset
-    Q6_K   d sc_j (q - 32)      bits 8, G = 16, codes q - 32, scale d sc_j, no offset (int8 sc_j per 16 weights)
+    Q4_0   d (q - 8)            bits 4, scale d, offset -8 d (half)
+    Q4_1   d q + m              bits 4, scale d, offset m (half)
+    Q4_K   d sc_j q - dmin m_j  bits 4, factored scale (d, sc_j), factored offset (-dmin, m_j) (6-bit sc_j, m_j
+                                per 32 weights)
+    Q5_0   d (q - 16)           bits 5, scale d (half), no offset
+    Q5_1   d q + m              bits 8, codes q, scale d, offset m (half)
+    Q8_0   d q                  bits 8, scale d (half), no offset
+    Q6_K   d sc_j (q - 32)      bits 6, G = 16, factored scale (d, sc_j), no offset (int8 sc_j per 16 weights)
 
-The 5- and 6-bit formats are held as 8-bit codes: exact, at 8 bits per weight where the file spends 5.5 or
-6.6 (`weight_bytes` counts what is held). Scales and offsets are float32 (the file's are float16, or products
-of a float16 and a small integer that float16 cannot hold).
+The factored products are exact: d is a float16 (11 significant bits) and m an integer of at most 8 bits. A table
+is held in float16 when every value is one exactly (`_narrow`), else float32. Held bits per weight (`weight_bytes`
+counts them), against the file's: Q4_1, Q5_0, Q8_0 the same (5, 5.5, 8.5); Q4_0 5 (4.5: its -8 d is a table of
+its own); Q4_K 4.75 (4.5) and Q6_K 6.625 (6.5625): the super-scales as float32. Q5_1 (no model here uses it) is
+held as 8-bit codes, 9 bits (6).
 
 `QuantLinear` runs the kernel for up to `DECODE_ROWS` rows (a decode step, or a batch of them) and, for a
 prefill chunk, dequantises the weight to float32 once per call and multiplies through MKL: prefill costs a
@@ -44,8 +57,9 @@ DECODE_ROWS = 16          # at most this many rows of x go through the kernel; m
 
 @dataclass
 class QuantWeight:
-    """One weight matrix in the kernel's layout (module docstring). codes: bits 4 uint8 [N, K / 2], bits 8 int8
-    [N, K]; scale float32 [N, K / group]; offset float32 [N, K / group], or empty [0] for a format without one."""
+    """One weight matrix in the kernel's layout (module docstring). codes: bits 4 uint8 [N, K / 2], bits 5 uint8
+    [N, 5 K / 8], bits 6 uint8 [N, 3 K / 4], bits 8 int8 [N, K]; scale: float32 or float16 [N, K / group], or
+    factored uint8 [N, K / group + 4 K / 256]; offset: the same forms, or empty [0] for a format without one."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -57,7 +71,7 @@ class QuantWeight:
     @property
     def shape(self) -> tuple[int, int]:
         n, kc = self.codes.shape
-        return n, kc * 2 if self.bits == 4 else kc
+        return n, kc * 8 // self.bits
 
     def rows(self, idx: torch.Tensor) -> "QuantWeight":
         """The rows `idx` [R] int64 (an output-row permutation or selection)."""
@@ -66,19 +80,45 @@ class QuantWeight:
                            self.source)
 
 
+def factor(mult: np.ndarray, sup: np.ndarray) -> np.ndarray:
+    """The factored table of int8 multipliers `mult` [N, K / G] and float32 super-scales `sup` [N, K / 256]:
+    uint8 [N, K / G + 4 K / 256] (module docstring)."""
+    m = np.ascontiguousarray(mult, dtype=np.int8).view(np.uint8)
+    d = np.ascontiguousarray(sup, dtype="<f4").view(np.uint8).reshape(sup.shape[0], -1)
+    return np.concatenate((m, d), 1)
+
+
+def table(t: torch.Tensor, K: int, group: int) -> torch.Tensor:
+    """A scale or offset table as float32 [N, K / group] (a float16 one widened; a factored one multiplied out in
+    float32, as the kernel does: exact for the K-quants' values)."""
+    if t.dtype in (torch.float32, torch.float16):
+        return t.float()
+    ng = K // group
+    m = t[:, :ng].contiguous().view(torch.int8).float()
+    d = t[:, ng:].contiguous().view(torch.float32)                          # [N, K / 256]
+    return d.repeat_interleave(256 // group, 1) * m
+
+
 def dequantize(w: QuantWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The plain-torch reference of the layout: W [N, K] in `dtype`, w = code * scale + offset computed in float64
     and rounded once (float32: the kernel's fma value; float64: the unrounded reference tests compare against)."""
-    if w.bits == 4:
-        n = w.codes.shape[0]
-        lo, hi = (w.codes & 15).view(n, -1, 16), (w.codes >> 4).view(n, -1, 16)
-        q = torch.cat((lo, hi), -1).reshape(n, -1)
+    n, K = w.shape
+    if w.bits in (4, 5, 6):
+        nib = w.codes[:, : K // 2]
+        lo, hi = (nib & 15).view(n, -1, 16), (nib >> 4).view(n, -1, 16)
+        q = torch.cat((lo, hi), -1).reshape(n, -1).to(torch.int16)
+        if w.bits > 4:
+            width = w.bits - 4                                   # high bits per element, 16 elements per word
+            word = {1: torch.int16, 2: torch.int32}[width]
+            words = w.codes[:, K // 2:].contiguous().view(word).to(torch.int64) & ((1 << 16 * width) - 1)
+            high = (words[..., None] >> (width * torch.arange(16))) & ((1 << width) - 1)  # [N, K / 16, 16]
+            q = q + 16 * high.reshape(n, K).to(torch.int16) - (1 << (w.bits - 1))
     else:
         q = w.codes
-    s = w.scale.double().repeat_interleave(w.group, 1)
+    s = table(w.scale, K, w.group).double().repeat_interleave(w.group, 1)
     if not w.offset.numel():
         return (q.double() * s).to(dtype)
-    return (q.double() * s + w.offset.double().repeat_interleave(w.group, 1)).to(dtype)
+    return (q.double() * s + table(w.offset, K, w.group).double().repeat_interleave(w.group, 1)).to(dtype)
 
 
 # ---- GGUF block formats -> QuantWeight (numpy, one tensor at a time) ------------------------------------------
@@ -113,7 +153,7 @@ def _q5(b, with_min: bool):
     d = _f16(b[..., 0:2])
     if with_min:
         return q.astype(np.int8).reshape(b.shape[0], -1), d, _f16(b[..., 2:4]), 8, 32
-    return (q - 16).astype(np.int8).reshape(b.shape[0], -1), d, None, 8, 32
+    return _pack_high(q.reshape(b.shape[0], -1), 5), d, None, 5, 32
 
 
 def _q8_0(b):
@@ -121,33 +161,42 @@ def _q8_0(b):
     return np.ascontiguousarray(b[..., 2:34]).view(np.int8).reshape(b.shape[0], -1), d, None, 8, 32
 
 
+def _pack_high(q: np.ndarray, bits: int) -> np.ndarray:
+    """q [N, K] integers in 0..2^bits - 1 (bits 5 or 6) -> uint8 [N, bits K / 8]: the low nibbles as `_pack4`,
+    then the high bits - 4 bits of each element, a little-endian word of 16 fields per 16 elements (element i at
+    bits (bits - 4) i and up)."""
+    n, width = q.shape[0], bits - 4
+    hi = (q.reshape(n, -1, 16).astype(np.uint32) >> 4) << (width * np.arange(16, dtype=np.uint32))
+    words = np.bitwise_or.reduce(hi, axis=-1).astype("<u2" if width == 1 else "<u4")      # [N, K / 16]
+    return np.concatenate((_pack4(q & 15), words.view(np.uint8).reshape(n, -1)), 1)
+
+
 def _q4_k(b):
     n, nb = b.shape[:2]
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])                                       # [N, nb]
     s = b[..., 4:16].astype(np.uint16)                                                   # [N, nb, 12]
-    sc = np.empty((n, nb, 8), np.float32)
-    mn = np.empty((n, nb, 8), np.float32)
+    sc = np.empty((n, nb, 8), np.int8)
+    mn = np.empty((n, nb, 8), np.int8)
     sc[..., :4], mn[..., :4] = s[..., 0:4] & 63, s[..., 4:8] & 63
     sc[..., 4:] = (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)
     mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
     qs = b[..., 16:144].reshape(n, nb, 4, 32)                     # chunk c: low nibbles group 2c, high 2c + 1
     q = np.stack((qs & 15, qs >> 4), 3).reshape(n, -1)            # [N, K] in element order
-    return (_pack4(q), (d[..., None] * sc).reshape(n, -1), (-(dmin[..., None] * mn)).reshape(n, -1), 4, 32)
+    return _pack4(q), factor(sc.reshape(n, -1), d), factor(mn.reshape(n, -1), -dmin), 4, 32
 
 
 def _q6_k(b):
     n, nb = b.shape[:2]
     ql = b[..., 0:128].reshape(n, nb, 2, 64).astype(np.int16)     # two halves of 128 weights
     qh = b[..., 128:192].reshape(n, nb, 2, 32).astype(np.int16)
-    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).astype(np.float32)         # [N, nb, 16]
+    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8)                             # [N, nb, 16]
     d = _f16(b[..., 208:210])
     q = np.empty((n, nb, 2, 128), np.int16)
     q[..., 0:32] = (ql[..., 0:32] & 15) | ((qh & 3) << 4)
     q[..., 32:64] = (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4)
     q[..., 64:96] = (ql[..., 0:32] >> 4) | (((qh >> 4) & 3) << 4)
     q[..., 96:128] = (ql[..., 32:64] >> 4) | (((qh >> 6) & 3) << 4)
-    scale = (d[..., None] * sc).reshape(n, -1)
-    return (q - 32).astype(np.int8).reshape(n, -1), scale, None, 8, 16
+    return _pack_high(q.reshape(n, -1), 6), factor(sc.reshape(n, -1), d), None, 6, 16
 
 
 # name -> (bytes per block, weights per block, decoder of raw blocks [N, nb, bytes])
@@ -156,6 +205,15 @@ FORMATS = {
     "Q5_1": (24, 32, lambda b: _q5(b, True)), "Q8_0": (34, 32, _q8_0), "Q4_K": (144, 256, _q4_k),
     "Q6_K": (210, 256, _q6_k),
 }
+
+
+def _narrow(a: np.ndarray) -> np.ndarray:
+    """A plain table as float16 where every value is one exactly (the legacy formats' d, m and -8 d), else
+    float32."""
+    a = a.astype(np.float32)
+    with np.errstate(over="ignore"):
+        h = a.astype(np.float16)
+    return h if np.array_equal(h.astype(np.float32), a) else a
 
 
 def from_gguf_bytes(raw: np.ndarray, kind: str) -> QuantWeight:
@@ -167,9 +225,9 @@ def from_gguf_bytes(raw: np.ndarray, kind: str) -> QuantWeight:
     if raw.ndim != 2 or raw.shape[1] % size:
         raise ValueError(f"raw must be [N, row bytes] with row bytes a multiple of {size} for {kind}, got {raw.shape}")
     codes, scale, offset, bits, group = decode(raw.reshape(raw.shape[0], -1, size))
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=a.dtype))            # noqa: E731
-    offset = torch.zeros(0) if offset is None else t(offset.astype(np.float32))
-    return QuantWeight(t(codes), t(scale.astype(np.float32)), offset, bits, group, kind)
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a if a.dtype == np.uint8 else _narrow(a)))  # noqa: E731
+    offset = torch.zeros(0) if offset is None else t(offset)
+    return QuantWeight(torch.from_numpy(np.ascontiguousarray(codes)), t(scale), offset, bits, group, kind)
 
 
 # ---- modules ----------------------------------------------------------------------------------------------------
@@ -238,7 +296,8 @@ def fuse(parts: list[QuantLinear]) -> QuantLinear | None:
     order; each part is re-pointed at its row slice of the fused buffers, so one copy is held and both stay
     usable. None when the layouts differ (then nothing changes)."""
     first = parts[0]
-    key = lambda p: (p.in_features, p.bits, p.group, p.offset.numel() > 0, p.bias is None)   # noqa: E731
+    key = lambda p: (p.in_features, p.bits, p.group, p.scale.dtype, p.offset.numel() > 0, p.offset.dtype,  # noqa
+                     p.bias is None)
     if any(key(p) != key(first) for p in parts) or first.bias is not None:
         return None
     offset = torch.cat([p.offset for p in parts]) if first.offset.numel() else torch.zeros(0)

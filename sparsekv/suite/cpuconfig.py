@@ -35,7 +35,7 @@ def cpu_flags() -> set[str]:
 
 def alt_arch(flags: set[str] | None = None) -> str:
     """A -march for the C++ extension other than this machine's: AVX2 without AVX-512 where the CPU has AVX-512
-    (the SIMD layer then takes its portable path, compiled for AVX2), else plain x86-64."""
+    (the SIMD layer then takes its AVX2 path), else plain x86-64 (its portable path)."""
     flags = cpu_flags() if flags is None else flags
     return "x86-64-v3" if {"avx512f", "avx2", "fma"} <= flags else "x86-64"
 
