@@ -494,9 +494,12 @@ def test_gemma_chunked_prefill_equals_one_shot(gemma, long_prompt):
         outs.append((eng.prefill(seq, long_prompt), eng.store.gather(seq, 17)))
     (a, (ka, va)), (b, (kb, vb)) = outs
     assert (a - b).abs().max().item() < 1e-4
-    # the last layer's K/V after 17 layers of float32 rounding in another order: relative to their scale
+    # The last layer's K/V after 17 layers of float32 rounding in another order (MKL's GEMM over other chunk
+    # shapes), relative to their scale. Measured: under 1e-4 on an Intel Xeon, where the limit was first set; on an
+    # AMD EPYC 1.43e-4 for K and 3.5e-5 for V, the same at 1 and 2 threads. The limit is 5e-4, 3.5x the larger;
+    # the logits above keep 1e-4 (2.2e-5 measured on the EPYC).
     for x, y in ((ka, kb), (va, vb)):
-        assert ((x - y).abs().max() / x.abs().max()).item() < 1e-4
+        assert ((x - y).abs().max() / x.abs().max()).item() < 5e-4
 
 
 def test_prompt_counts_take_one_count_or_one_per_length():
