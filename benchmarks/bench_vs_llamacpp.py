@@ -108,8 +108,8 @@ class LlamaCpp:
         return int(np.argmax(self.last_logits()))
 
     def weight_bytes(self, path: Path) -> int:
-        import gguf
-        return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
+        from sparsekv.model.gguf_file import read_header
+        return sum(t.n_bytes for t in read_header(path).tensors)
 
 
 def time_steps(step, first: int, steps: int) -> tuple[list[float], int]:

@@ -174,6 +174,43 @@ def test_per_head_reads_the_union_of_its_query_heads():
     assert (sel.num_selected >= shared.num_selected).all()
 
 
+def test_union_takes_each_query_head_s_blocks_in_rank_order():
+    """gqa="union": head 0's best, head 1's best, head 0's second, head 1's second, ... (a block already taken
+    is skipped), so the first picks are every head's own best."""
+    from sparsekv.routing.router import _round_robin
+    m = torch.zeros(1, 2, 8)                                 # one kv head, two query heads, 8 blocks
+    m[0, 0, [3, 1, 2]] = torch.tensor([0.5, 0.3, 0.2])      # head 0: 3 > 1 > 2
+    m[0, 1, [3, 6, 4]] = torch.tensor([0.6, 0.3, 0.1])      # head 1: 3 > 6 > 4
+    # arrivals (rank * 2 + head): 3 at 0 (and 1), 1 at 2, 6 at 3, 2 at 4, 4 at 5
+    assert _round_robin(m)[0].argsort(descending=True)[:5].tolist() == [3, 1, 6, 2, 4]
+
+
+def test_union_reads_exactly_shared_s_blocks_and_every_head_s_best():
+    from sparsekv.routing.scorers import ScoreInput
+    store, seq, q = random_setup(seed=7)                    # 13 blocks, H = 2, G = 4
+    K = 6                                                    # 2 forced + 4 free: one per query head
+    union = sk.Router("minmax", top_k=K, gqa="union").select(q, store, seq, 0)
+    shared = sk.Router("minmax", top_k=K).select(q, store, seq, 0)
+    assert union.num_selected.tolist() == shared.num_selected.tolist() == [K, K]      # the same K/V bytes
+    assert union.route_bytes == shared.route_bytes                                    # and the same summaries
+    inp = ScoreInput(q.view(2, 4, -1), store, seq, 0, store.block_table(seq))
+    best = sk.ROUTERS["minmax"]().logits(inp, "torch", None).argmax(-1)              # [H, G] each head's best
+    for h in range(2):
+        assert set(best[h].tolist()) <= set(union.blocks[h].tolist()), (h, best[h], union.blocks[h])
+    # one query head per kv head: its own ranking is the group's, so union is shared
+    q1 = q[::4].contiguous()
+    g1 = sk.Router("minmax", top_k=K, gqa="union").select(q1, store, seq, 0)
+    assert torch.equal(g1.blocks, sk.Router("minmax", top_k=K).select(q1, store, seq, 0).blocks)
+
+
+def test_union_needs_a_k_to_fill():
+    for kw in ({"top_p": 0.9}, {"threshold": 2.0}, {"top_k": 8, "adaptive_mass": 0.9}):
+        with pytest.raises(ValueError, match="gqa='union' needs top_k or token_budget"):
+            sk.Router("minmax", gqa="union", **kw)
+    with pytest.raises(ValueError, match="gqa"):
+        sk.Router("minmax", top_k=4, gqa="pooled")
+
+
 def test_oracle_selection_of_all_blocks_equals_dense():
     store, seq, q = random_setup()
     sel = sk.Router("oracle", top_k=seq.num_blocks).select(q, store, seq, 0)

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "simd.h"
 
@@ -48,7 +49,7 @@ using skv::kLanes;
 constexpr int kBatch = 4;           // rows of x sharing one pass over the codes
 constexpr int64_t kGrainRows = 16;  // output rows per work item, at least
 
-// A scale or offset table in either form (file comment).
+// A scale or offset table in one of its three forms: plain, half or factored (file comment).
 struct Table {
   const float* plain = nullptr;    // [N, K / G]
   const uint16_t* half = nullptr;  // float16 [N, K / G]
@@ -75,29 +76,38 @@ struct QWeight {
   int bits, group;
 };
 
-// The 32 weights of pair p (chunks 2p, 2p+1) of row n, dequantised.
-inline void pair_weights(const QWeight& w, int64_t n, int64_t p, V16& w0, V16& w1) {
-  const uint8_t* r = w.codes + n * w.row_bytes;
-  V16 c0, c1;
-  if (w.bits == 8) {
+// The high bits of pair p (chunks 2p, 2p+1) added to its nibble codes: W bits per weight in one little-endian word
+// per 16 weights (bits 5: W = 1, a uint16; bits 6: W = 2, a uint32), code = nibble + 16 high - 2^(3 + W), every
+// step exact in float32.
+template <int W>
+inline void add_high(const uint8_t* high, int64_t p, V16& c0, V16& c1) {
+  using Word = std::conditional_t<W == 1, uint16_t, uint32_t>;
+  Word h[2];
+  std::memcpy(h, high + p * 2 * sizeof(Word), sizeof h);
+  const V16 sixteen = skv::splat(16.0f), bias = skv::splat(static_cast<float>(1 << (3 + W)));
+  c0 = skv::sub(skv::fma(skv::load_fields<W>(h[0]), sixteen, c0), bias);
+  c1 = skv::sub(skv::fma(skv::load_fields<W>(h[1]), sixteen, c1), bias);
+}
+
+// The 32 codes of pair p of one row (r: the row's bytes), widened exactly to float32.
+template <int Bits>
+inline void pair_codes(const uint8_t* r, int64_t K, int64_t p, V16& c0, V16& c1) {
+  if constexpr (Bits == 8) {
     const int8_t* q = reinterpret_cast<const int8_t*>(r) + p * 32;
     c0 = skv::load_i8(q), c1 = skv::load_i8(q + kLanes);
   } else {
     skv::load_u4(r + p * 16, c0, c1);
-    if (w.bits == 5) {                                   // code = nibble + 16 high - 16, every step exact
-      uint16_t h[2];
-      std::memcpy(h, r + w.K / 2 + p * 4, sizeof h);
-      const V16 sixteen = skv::splat(16.0f);
-      c0 = skv::sub(skv::fma(skv::load_fields<1>(h[0]), sixteen, c0), sixteen);
-      c1 = skv::sub(skv::fma(skv::load_fields<1>(h[1]), sixteen, c1), sixteen);
-    } else if (w.bits == 6) {                            // code = nibble + 16 high - 32
-      uint32_t h[2];
-      std::memcpy(h, r + w.K / 2 + p * 8, sizeof h);
-      const V16 sixteen = skv::splat(16.0f), bias = skv::splat(32.0f);
-      c0 = skv::sub(skv::fma(skv::load_fields<2>(h[0]), sixteen, c0), bias);
-      c1 = skv::sub(skv::fma(skv::load_fields<2>(h[1]), sixteen, c1), bias);
-    }
+    if constexpr (Bits == 5) add_high<1>(r + K / 2, p, c0, c1);
+    if constexpr (Bits == 6) add_high<2>(r + K / 2, p, c0, c1);
   }
+}
+
+// The 32 weights of pair p (chunks 2p, 2p+1) of row n (r: its bytes), dequantised: fma(code, scale, offset), or
+// code * scale with no offset (ggml's own product, -0 included).
+template <int Bits>
+inline void pair_weights(const QWeight& w, int64_t n, const uint8_t* r, int64_t p, V16& w0, V16& w1) {
+  V16 c0, c1;
+  pair_codes<Bits>(r, w.K, p, c0, c1);
   const int64_t g0 = w.group == 32 ? p : 2 * p, g1 = w.group == 32 ? p : 2 * p + 1;   // group 16: one per chunk
   const float s0 = w.scale.at(n, g0), s1 = g1 == g0 ? s0 : w.scale.at(n, g1);
   if (!w.offset.empty()) {
@@ -108,16 +118,17 @@ inline void pair_weights(const QWeight& w, int64_t n, int64_t p, V16& w0, V16& w
   }
 }
 
-template <int M>
+template <int M, int Bits>
 void rows(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   const int64_t pairs = w.K / 32;
   for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* r = w.codes + n * w.row_bytes;
     V16 acc[M][4];
     for (int m = 0; m < M; ++m)
       for (int a = 0; a < 4; ++a) acc[m][a] = skv::zero();
     for (int64_t p = 0; p < pairs; ++p) {
       V16 w0, w1;
-      pair_weights(w, n, p, w0, w1);
+      pair_weights<Bits>(w, n, r, p, w0, w1);
       const int a = static_cast<int>((2 * p) & 3);          // chunks 2p, 2p+1 -> accumulators a, a+1
       for (int m = 0; m < M; ++m) {
         const float* xm = x + m * ldx + p * 32;
@@ -127,6 +138,30 @@ void rows(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, 
     }
     for (int m = 0; m < M; ++m)
       y[m * ldy + n] = skv::hsum(skv::add(skv::add(acc[m][0], acc[m][1]), skv::add(acc[m][2], acc[m][3])));
+  }
+}
+
+// rows<M, Bits> for a runtime bits (one switch per call, outside every loop).
+template <int M>
+void rows_for(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  switch (w.bits) {
+    case 4: rows<M, 4>(w, x, ldx, y, ldy, n0, n1); break;
+    case 5: rows<M, 5>(w, x, ldx, y, ldy, n0, n1); break;
+    case 6: rows<M, 6>(w, x, ldx, y, ldy, n0, n1); break;
+    default: rows<M, 8>(w, x, ldx, y, ldy, n0, n1); break;
+  }
+}
+
+template <int Bits>
+void dequant_rows(const QWeight& w, float* out, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* r = w.codes + n * w.row_bytes;
+    for (int64_t p = 0; p < w.K / 32; ++p) {
+      V16 w0, w1;
+      pair_weights<Bits>(w, n, r, p, w0, w1);
+      skv::store(out + n * w.K + p * 32, w0);
+      skv::store(out + n * w.K + p * 32 + kLanes, w1);
+    }
   }
 }
 
@@ -188,10 +223,10 @@ at::Tensor qlinear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor 
       const float* xm = xp + m * w.K;
       float* ym = yp + m * w.N;
       switch (std::min<int64_t>(kBatch, M - m)) {
-        case 1: rows<1>(w, xm, w.K, ym, w.N, n0, n1); break;
-        case 2: rows<2>(w, xm, w.K, ym, w.N, n0, n1); break;
-        case 3: rows<3>(w, xm, w.K, ym, w.N, n0, n1); break;
-        default: rows<4>(w, xm, w.K, ym, w.N, n0, n1); break;
+        case 1: rows_for<1>(w, xm, w.K, ym, w.N, n0, n1); break;
+        case 2: rows_for<2>(w, xm, w.K, ym, w.N, n0, n1); break;
+        case 3: rows_for<3>(w, xm, w.K, ym, w.N, n0, n1); break;
+        default: rows_for<4>(w, xm, w.K, ym, w.N, n0, n1); break;
       }
     }
   });
@@ -203,13 +238,11 @@ at::Tensor qdequant(at::Tensor codes, at::Tensor scale, at::Tensor offset, int64
   at::Tensor out = at::empty({w.N, w.K}, codes.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   at::parallel_for(0, w.N, kGrainRows, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      for (int64_t p = 0; p < w.K / 32; ++p) {
-        V16 w0, w1;
-        pair_weights(w, n, p, w0, w1);
-        skv::store(op + n * w.K + p * 32, w0);
-        skv::store(op + n * w.K + p * 32 + kLanes, w1);
-      }
+    switch (w.bits) {
+      case 4: dequant_rows<4>(w, op, n0, n1); break;
+      case 5: dequant_rows<5>(w, op, n0, n1); break;
+      case 6: dequant_rows<6>(w, op, n0, n1); break;
+      default: dequant_rows<8>(w, op, n0, n1); break;
     }
   });
   return out;

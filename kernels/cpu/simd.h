@@ -179,11 +179,7 @@ inline V16 load_n(const uint16_t* p, int n) {
   return load(buf);
 }
 inline void store(float* p, V16 a) { _mm256_storeu_ps(p, a.lo), _mm256_storeu_ps(p + 8, a.hi); }
-// 32 consecutive elements as two V16, in the AVX-512 path's lane order (pair_lane).
-inline void load2(const float* p, V16& a, V16& b) { a = load(p), b = load(p + kLanes); }
-inline void load2_n(const float* p, int n, V16& a, V16& b) {
-  a = load_n(p, n < kLanes ? n : kLanes), b = n > kLanes ? load_n(p + kLanes, n - kLanes) : zero();
-}
+// 32 consecutive bfloat16 as two V16, in the AVX-512 path's lane order (pair_lane).
 inline void split_bf16(__m256i x, __m256& even, __m256& odd) {
   even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
   odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
@@ -218,7 +214,6 @@ inline float hmax(V16 a) {                                             // exact 
   x = _mm_max_ps(x, _mm_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
   return _mm_cvtss_f32(x);
 }
-inline void hsum4(V16 a, V16 b, V16 c, V16 d, float* out) { out[0] = hsum(a), out[1] = hsum(b), out[2] = hsum(c), out[3] = hsum(d); }
 // The first n lanes of a (n in 0..16), the rest 0.
 inline V16 first_n(V16 a, int n) {
   return {_mm256_and_ps(a.lo, _mm256_castsi256_ps(lanes_below(n, 0))),
@@ -277,10 +272,6 @@ inline V16 load(const T* p) { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = t
 template <typename T>
 inline V16 load_n(const T* p, int n) { V16 r = zero(); for (int i = 0; i < n; ++i) r.v[i] = to_float(p[i]); return r; }
 inline void store(float* p, V16 a) { for (int i = 0; i < kLanes; ++i) p[i] = a.v[i]; }
-inline void load2_n(const float* p, int n, V16& a, V16& b) {
-  a = load_n(p, n < kLanes ? n : kLanes), b = n > kLanes ? load_n(p + kLanes, n - kLanes) : zero();
-}
-inline void load2(const float* p, V16& a, V16& b) { load2_n(p, 2 * kLanes, a, b); }
 inline void load2_n(const uint16_t* p, int n, V16& a, V16& b) {       // even- and odd-indexed, as with AVX-512
   a = zero(), b = zero();
   for (int i = 0; i < n; ++i) (i % 2 ? b : a).v[i / 2] = bf16_to_float(p[i]);
@@ -299,7 +290,6 @@ inline float hsum(V16 a) {
   return (t[0] + t[2]) + (t[1] + t[3]);
 }
 inline float hmax(V16 a) { float m = a.v[0]; for (int i = 1; i < kLanes; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
-inline void hsum4(V16 a, V16 b, V16 c, V16 d, float* out) { out[0] = hsum(a), out[1] = hsum(b), out[2] = hsum(c), out[3] = hsum(d); }
 inline V16 first_n(V16 a, int n) { for (int i = n < 0 ? 0 : n; i < kLanes; ++i) a.v[i] = 0.f; return a; }
 inline void store_n(float* p, V16 a, int n) { for (int i = 0; i < n && i < kLanes; ++i) p[i] = a.v[i]; }
 inline V16 zero_below(V16 a, V16 test, float lo) { for (int i = 0; i < kLanes; ++i) a.v[i] = test.v[i] >= lo ? a.v[i] : 0.f; return a; }
@@ -330,6 +320,17 @@ inline V16 load_fields(uint32_t word) {
   return r;
 }
 
+#endif
+
+#if !SPARSEKV_AVX512
+// 32 consecutive float32 as two V16 (lanes 0..15, 16..31: the AVX-512 path's order for float32); load2_n reads
+// only the first n, the rest 0.
+inline void load2_n(const float* p, int n, V16& a, V16& b) {
+  a = load_n(p, n < kLanes ? n : kLanes), b = n > kLanes ? load_n(p + kLanes, n - kLanes) : zero();
+}
+inline void load2(const float* p, V16& a, V16& b) { load2_n(p, 2 * kLanes, a, b); }
+// Four sums, each in hsum's order (the AVX-512 path computes the same four with shared shuffles).
+inline void hsum4(V16 a, V16 b, V16 c, V16 d, float* out) { out[0] = hsum(a), out[1] = hsum(b), out[2] = hsum(c), out[3] = hsum(d); }
 #endif
 
 // exp(x) for float32 lanes, the same bits on every path: x = n ln2 + r with n = round(x log2 e) and |r| <=

@@ -103,7 +103,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, weights: st
     from safetensors.torch import load_file
     from transformers import AutoConfig
     cfg = config_from_hf(AutoConfig.from_pretrained(str(path), local_files_only=True))
-    model = Model(cfg, seed=None)
+    with torch.device("meta"):          # no random init of weights the checkpoint then overwrites (3 s for Gemma 3)
+        model = Model(cfg, seed=None)
+    model = model.to_empty(device="cpu")
+    model.reset_buffers()
+    if cfg.tie_embeddings:              # to_empty makes a new tensor per module: tie them again
+        model.lm_head.weight = model.embed_tokens.weight
     state = {}
     for shard in shards:
         for name, t in load_file(str(shard)).items():

@@ -436,11 +436,18 @@ class Model(nn.Module):
         # N(0, 0.02) makes q.k nearly zero at this width, so attention starts uniform, query/key
         # gradients nearly cancel, and recall training sits on its plateau (measured: q/k gradients
         # 100x smaller than v/o).
-        self.register_buffer("inv_freq", rope_frequencies(c), persistent=False)
         self.local_rope = bool(c.rope_theta_local) and any(c.windows)       # the sliding layers' own rotary base
+        self.register_buffer("inv_freq", rope_frequencies(c), persistent=False)
         self.register_buffer("inv_freq_local", rope_frequencies(c, c.rope_theta_local or c.rope_theta),
                              persistent=False)
         self.eval()
+
+    def reset_buffers(self) -> None:
+        """Recompute the buffers no checkpoint holds (the rotary frequencies), in place: after `to_empty`, a model
+        built on the meta device (`checkpoint.load_model`) has storage but no values there."""
+        c = self.config
+        self.inv_freq = rope_frequencies(c).to(self.inv_freq.device)
+        self.inv_freq_local = rope_frequencies(c, c.rope_theta_local or c.rope_theta).to(self.inv_freq.device)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -331,13 +331,13 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path) -> nn.Module:
     """Replace `model`'s projections, MLP, lm_head and embedding (a loaded float32 `Model` of the same file) with
     the file's own quantised tensors, in place. Tensors stored as F32/F16 in the file stay float modules. Returns
     the model."""
-    import gguf
-    reader = gguf.GGUFReader(str(gguf_path))
-    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    from .gguf_file import read_header
+    header = read_header(gguf_path)
+    arch = header.string("general.architecture")
     cfg = model.config
     mods = dict(model.named_modules())
-    for t in reader.tensors:
-        kind = t.tensor_type.name
+    for t in header.tensors:
+        kind = t.kind
         if kind not in FORMATS:
             continue
         name, part = t.name.removesuffix(".weight"), None
@@ -350,7 +350,7 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path) -> nn.Module:
             if blk != "blk" or part not in _NAMES:
                 raise ValueError(f"unexpected quantised tensor {t.name!r} in {gguf_path}")
             target = f"layers.{i}.{_NAMES[part]}"
-        w = from_gguf_bytes(t.data, kind)
+        w = from_gguf_bytes(t.rows(), kind)
         if arch == "llama" and part in ("attn_q", "attn_k"):
             heads = cfg.n_heads if part == "attn_q" else cfg.n_kv_heads
             w = w.rows(_unpermute_rows(w.shape[0], heads))

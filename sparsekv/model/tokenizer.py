@@ -133,7 +133,6 @@ class GGUFTokenizer:
 
 
 def gguf_architecture(path: str | Path) -> str:
-    """`general.architecture` of a GGUF file (reads the header only)."""
-    from gguf import GGUFReader
-    f = GGUFReader(str(path)).fields["general.architecture"]
-    return bytes(f.parts[f.data[0]]).decode()
+    """`general.architecture` of a GGUF file (reads the metadata only: `gguf_file.read_header`)."""
+    from .gguf_file import read_header
+    return read_header(path, tensors=False).string("general.architecture")

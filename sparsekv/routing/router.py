@@ -9,7 +9,12 @@ For one decode query, a router decides which logical blocks each kv head reads:
     3. gqa     "shared": aggregate the G query heads of a kv head into one distribution
                (agg="sum": mean of the softmaxed masses; agg="max": max, renormalised),
                one selection per kv head, as NSA does. "per_head": one selection per query
-               head; the kv head must then read the union of its G selections.
+               head; the kv head must then read the union of its G selections (Quest's unit:
+               up to G times the K/V bytes of "shared"). "union": each query head ranks the
+               blocks by its own mass, and the kv head takes them in rank order, round robin
+               over its heads (rank 0 of head 0, of head 1, ..., then rank 1), until it holds
+               K distinct blocks, forced ones first: per-query-head choice at exactly the K/V
+               bytes of "shared" (top_k / token_budget only).
     4. select  forced blocks first (the first `sink_blocks` and last `local_blocks`, which
                always include the partial current block), then by mass with one selector:
                  top_k / token_budget  K blocks in all, forced ones included;
@@ -39,7 +44,9 @@ from ..core.traffic import INDEX_BYTES, StepTraffic
 from ..storage.store import BlockStore, Sequence, check_decode_query
 from . import hierarchy  # noqa: F401  (registers the hierarchical scorers beside the flat ones)
 from .scorers import ROUTERS, ScoreInput, _cpp_summaries, fused_route
-from .selectors import Selector, TopK, make_selector
+from .selectors import Selector, TopK, make_selector, rank_key
+
+GQA_UNITS = ("shared", "per_head", "union")       # how a GQA group's query heads share a selection (step 3)
 
 # -- the selection ----------------------------------------------------------------------------
 
@@ -81,7 +88,8 @@ class RouterConfig:
     threshold: float | None = None          # blocks within exp(-threshold) of the best (logit units)
     sink_blocks: int = 1                    # first blocks always read (the attention sink)
     local_blocks: int = 1                   # last blocks always read (includes the partial current block)
-    gqa: str = "shared"                     # "shared": one selection per kv head; "per_head": per query head
+    gqa: str = "shared"                     # "shared": one selection per kv head; "per_head": per query head,
+                                            # read as their union; "union": per query head, capped at K blocks
     token_budget: int | None = None         # K = token_budget // block_size blocks
     adaptive_mass: float | None = None      # with top_k / token_budget: stop once this mass is selected
     agg: str = "sum"                        # how a GQA group's masses combine ("sum": mean, "max")
@@ -126,7 +134,7 @@ class Router:
         check_choice("scorer", scorer, ROUTERS)
         if selector is not None and not isinstance(selector, Selector):
             raise TypeError(f"selector must be a routing.Selector, got {type(selector).__name__}")
-        check_choice("gqa", gqa, ("shared", "per_head"))
+        check_choice("gqa", gqa, GQA_UNITS)
         check_choice("agg", agg, ("sum", "max"))
         check_choice("backend", backend, SCORE_BACKENDS)
         check_int("sink_blocks", sink_blocks, lo=0)
@@ -152,6 +160,9 @@ class Router:
         self.scorer = ROUTERS[scorer]()
         self.selector = selector or make_selector(top_k, token_budget, top_p, threshold, adaptive_mass,
                                                   min_blocks=sink_blocks + local_blocks)
+        if gqa == "union" and type(self.selector) is not TopK:
+            raise ValueError(f"gqa='union' needs top_k or token_budget (a K blocks to fill), got the "
+                             f"{self.selector.name!r} selector")
         if self.selector.needs_query_aware and not self.scorer.query_aware:
             raise ValueError(f"scorer {scorer!r} ignores the query; top_p, threshold and adaptive_mass need "
                              f"one of {[n for n, c in ROUTERS.items() if c.query_aware]}")
@@ -217,6 +228,9 @@ class Router:
             agg = agg / agg.sum(-1, keepdim=True)
             blocks = _to_padded(self.selector.select(agg, forced, c.block_size))
             head_blocks, shown = None, agg
+        elif self.gqa == "union":
+            blocks = _to_padded(self.selector.select(_round_robin(mass), forced, c.block_size))
+            head_blocks, shown = None, mass.mean(1)
         else:
             per = self.selector.select(mass.reshape(H * G, nb), forced, c.block_size)   # [Hq, nb] bool
             head_blocks = _to_padded(per)
@@ -230,6 +244,19 @@ class Router:
         forced[: self.sink_blocks] = True
         forced[max(0, nb - self.local_blocks):] = True
         return forced
+
+
+def _round_robin(mass: torch.Tensor) -> torch.Tensor:
+    """gqa="union"'s order as a key a top-k selector ranks by: mass [H, G, nb] -> [H, nb] float32, distinct per row.
+
+    Block b's arrival is min over heads g of rank_g(b) * G + g, where rank_g orders head g's blocks as every
+    selector does (by mass, ties to the later block: `rank_key`); the earliest arrivals are the round robin's
+    first picks. The key is G * nb - arrival: positive integers, exact in float32 (G * nb < 2^24)."""
+    H, G, nb = mass.shape
+    order = rank_key(mass.reshape(H * G, nb), torch.zeros(nb, dtype=torch.bool)).argsort(-1, descending=True)
+    rank = order.argsort(-1).view(H, G, nb)                                    # rank_g(b), 0 = head g's best
+    arrival = (rank * G + torch.arange(G).view(1, G, 1)).amin(1)              # [H, nb]
+    return (G * nb - arrival).float()
 
 
 def _to_padded(mask: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,29 @@ def answer_grid(engine: Engine, tok, lengths, n_prompts: int | dict[int, int], r
     return rows, secs
 
 
+FORCED_BLOCKS = 2          # the sink and local blocks every router here reads (Router's defaults)
+
+
+def block_size_grid(model, tok, length: int, n_prompts: int, block_sizes, scorers, budgets, tasks=("passkey",),
+                    seed: int = 0, progress: bool = True) -> list[dict]:
+    """`answer_grid` on one engine per block size, the same prompts (same seed) and token budgets on each.
+
+    A budget runs at a block size only where it leaves at least one block to choose beyond the forced sink and
+    local blocks (budget // block_size > FORCED_BLOCKS): at 64 tokens in 32-token blocks a router could only read
+    the forced two. Dense runs at every block size (the store is exact, so its answers should not move with it).
+    Returns answer_grid's rows, each with its "block_size".
+    """
+    from .realmodel import methods
+    out = []
+    for bs in block_sizes:
+        engine = Engine(model, block_size=bs, num_blocks=3 * (length // bs + 64), prefix_cache=True, progress=False)
+        routers = methods(scorers, [b for b in budgets if b // bs > FORCED_BLOCKS], seed)
+        rows, _ = answer_grid(engine, tok, [length], n_prompts, routers, route_lengths=[length], tasks=tasks,
+                              seed=seed, progress=progress)
+        out += [{**r, "block_size": bs} for r in rows]
+    return out
+
+
 def prompt_counts(lengths, n_prompts: int | dict[int, int]) -> dict[int, int]:
     """{length: prompts} from one count or a dict (keys ints, or their strings as papermill passes them); a length
     the dict leaves out, or a count below 1, is refused."""

@@ -15,10 +15,12 @@ from ..model.engine import Engine
 from ..routing.router import Router
 
 
-def methods(scorers, budgets, seed: int = 0) -> dict[str, Router | None]:
-    """{"dense": None, "minmax@128": Router(...), ...}: the routers of a grid, built once."""
+def methods(scorers, budgets, seed: int = 0, union=()) -> dict[str, Router | None]:
+    """{"dense": None, "minmax@128": Router(...), ...}: the routers of a grid, built once. Each scorer in `union`
+    also as "minmax+union@128": chosen per query head at the same K/V bytes (Router's gqa="union")."""
     out: dict[str, Router | None] = {"dense": None}
     out.update({f"{s}@{b}": Router(s, token_budget=b, seed=seed) for s in scorers for b in budgets})
+    out.update({f"{s}+union@{b}": Router(s, token_budget=b, seed=seed, gqa="union") for s in union for b in budgets})
     return out
 
 

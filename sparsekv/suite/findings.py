@@ -353,6 +353,24 @@ FINDINGS.append(
              "g": (N12, "bytes.read_dense_over_routed@1048576")}))
 
 
+def _union_word(m: Metrics) -> str:
+    """minmax chosen per query head (gqa="union") against one shared choice at 64 tokens, from the exact McNemar p."""
+    x, y = m[N13]["passkey.minmax+union@64.acc_given_dense"], m[N13]["passkey.minmax@64.acc_given_dense"]
+    p = m[N13]["passkey.minmax+union_vs_minmax@64.p"]
+    if p < 0.05:
+        return f"is significantly {'more' if x > y else 'fewer'} than one shared choice per kv head (p = {p:.2g})"
+    return f"is not significantly different from one shared choice per kv head's {y:.0%} (p = {p:.2g})"
+
+
+def _block_word(m: Metrics) -> str:
+    """minmax at 64 tokens in 8-token blocks against 16-token blocks, from the exact McNemar p."""
+    x, y = m[N13]["blocks.passkey.minmax@64.bs8.acc_given_dense"], m[N13]["passkey.minmax@64.acc_given_dense"]
+    p = m[N13]["blocks.passkey.minmax@64.bs8_vs_bs16.p"]
+    if p < 0.05:
+        return f"is significantly {'more' if x > y else 'fewer'} than in 16-token blocks (p = {p:.2g})"
+    return f"is not significantly different from 16-token blocks (p = {p:.2g})"
+
+
 FINDINGS.append(
     Finding("**Routers against the oracle on real keys (notebook 13, SmolLM2 at 2k tokens).** Quest's bound is loose "
             "{where}: the fastest-rotating RoPE band holds {fast:.0%} of its slack over each block's best key and the "
@@ -361,6 +379,11 @@ FINDINGS.append(
             "64-token budget the oracle answers {o64:.0%}, `mean` {me64:.0%}, `minmax` {m64:.0%} and the calibrated "
             "`labels` router (at Quest's summary bytes per block) {l64:.0%} (labels against minmax: McNemar p = "
             "{p64:.2g}); at 256 tokens `labels` answers {l256:.0%} against `minmax`'s {m256:.0%} (p = {p256:.2g}). "
+            "Choosing per query head at the same K/V bytes (`gqa=\"union\"`: each kv head takes its query heads' own "
+            "rankings round robin until it holds the budget), `minmax` answers {mu64:.0%} at 64 tokens, which {uw}, "
+            "and `mean` {meu64:.0%}. In 8-token blocks at the same 64 tokens (6 free blocks beside the forced two, "
+            "against 2), `minmax` answers {b8m:.0%}, which {bw}, `mean` {b8me:.0%} and the oracle {b8o:.0%}; in "
+            "32-token blocks at 128 tokens `minmax` answers {b32m:.0%} (16-token blocks: {m128:.0%}). "
             "On Gemma 3 270M's global layers at 8k tokens, at a 64-token budget: oracle {g_o:.0%}, `labels` {g_l:.0%}, "
             "`minmax` {g_m:.0%} of the {g_n:.0f} prompts dense answers.",
             {"where": lambda m: "mainly in the fastest RoPE band" if m[N13]["slack.share.fast"] > 0.5
@@ -374,7 +397,14 @@ FINDINGS.append(
              "m256": (N13, "passkey.minmax@256.acc_given_dense"), "p256": (N13, "passkey.labels_vs_minmax@256.p"),
              "g_o": (N13, "gemma.passkey.oracle@64.acc_given_dense"),
              "g_l": (N13, "gemma.passkey.labels@64.acc_given_dense"),
-             "g_m": (N13, "gemma.passkey.minmax@64.acc_given_dense"), "g_n": (N13, "gemma.passkey.dense_ok")}))
+             "g_m": (N13, "gemma.passkey.minmax@64.acc_given_dense"), "g_n": (N13, "gemma.passkey.dense_ok"),
+             "mu64": (N13, "passkey.minmax+union@64.acc_given_dense"),
+             "meu64": (N13, "passkey.mean+union@64.acc_given_dense"), "uw": _union_word,
+             "b8m": (N13, "blocks.passkey.minmax@64.bs8.acc_given_dense"),
+             "b8me": (N13, "blocks.passkey.mean@64.bs8.acc_given_dense"),
+             "b8o": (N13, "blocks.passkey.oracle@64.bs8.acc_given_dense"), "bw": _block_word,
+             "b32m": (N13, "blocks.passkey.minmax@128.bs32.acc_given_dense"),
+             "m128": (N13, "passkey.minmax@128.acc_given_dense")}))
 
 
 N14, B14 = "14_paired_questions", 256          # notebook 14 and the token budget its full run uses
