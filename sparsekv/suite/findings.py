@@ -353,22 +353,20 @@ FINDINGS.append(
              "g": (N12, "bytes.read_dense_over_routed@1048576")}))
 
 
-def _union_word(m: Metrics) -> str:
-    """minmax chosen per query head (gqa="union") against one shared choice at 64 tokens, from the exact McNemar p."""
-    x, y = m[N13]["passkey.minmax+union@64.acc_given_dense"], m[N13]["passkey.minmax@64.acc_given_dense"]
-    p = m[N13]["passkey.minmax+union_vs_minmax@64.p"]
-    if p < 0.05:
-        return f"is significantly {'more' if x > y else 'fewer'} than one shared choice per kv head (p = {p:.2g})"
-    return f"is not significantly different from one shared choice per kv head's {y:.0%} (p = {p:.2g})"
+def _paired_word(a: str, b: str, pair: str, label: str) -> Callable[[Metrics], str]:
+    """Notebook 13's metric `a` against `b` in words, from the exact McNemar p of `pair` (0.05)."""
+    def f(m: Metrics) -> str:
+        x, y, p = m[N13][a], m[N13][b], m[N13][pair]
+        if p < 0.05:
+            return f"is significantly {'more' if x > y else 'fewer'} than {label} (p = {p:.2g})"
+        return f"is not significantly different from {label}'s {y:.0%} (p = {p:.2g})"
+    return f
 
 
-def _block_word(m: Metrics) -> str:
-    """minmax at 64 tokens in 8-token blocks against 16-token blocks, from the exact McNemar p."""
-    x, y = m[N13]["blocks.passkey.minmax@64.bs8.acc_given_dense"], m[N13]["passkey.minmax@64.acc_given_dense"]
-    p = m[N13]["blocks.passkey.minmax@64.bs8_vs_bs16.p"]
-    if p < 0.05:
-        return f"is significantly {'more' if x > y else 'fewer'} than in 16-token blocks (p = {p:.2g})"
-    return f"is not significantly different from 16-token blocks (p = {p:.2g})"
+_union_word = _paired_word("passkey.minmax+union@64.acc_given_dense", "passkey.minmax@64.acc_given_dense",
+                           "passkey.minmax+union_vs_minmax@64.p", "one shared choice per kv head")
+_block_word = _paired_word("blocks.passkey.minmax@64.bs8.acc_given_dense", "passkey.minmax@64.acc_given_dense",
+                           "blocks.passkey.minmax@64.bs8_vs_bs16.p", "in 16-token blocks")
 
 
 FINDINGS.append(
