@@ -436,8 +436,8 @@ class Model(nn.Module):
         # N(0, 0.02) makes q.k nearly zero at this width, so attention starts uniform, query/key
         # gradients nearly cancel, and recall training sits on its plateau (measured: q/k gradients
         # 100x smaller than v/o).
-        self.local_rope = bool(c.rope_theta_local) and any(c.windows)       # the sliding layers' own rotary base
         self.register_buffer("inv_freq", rope_frequencies(c), persistent=False)
+        self.local_rope = bool(c.rope_theta_local) and any(c.windows)       # the sliding layers' own rotary base
         self.register_buffer("inv_freq_local", rope_frequencies(c, c.rope_theta_local or c.rope_theta),
                              persistent=False)
         self.eval()

@@ -22,7 +22,7 @@ from ..analysis import corpus, observe, prompts
 from ..analysis.stats import mcnemar, wilson
 from ..core.traffic import hybrid_cache_bytes
 from ..model.engine import Engine
-from ..routing.router import Router
+from ..routing.router import Router, RouterConfig
 
 TASKS = ("passkey", "prose")
 
@@ -78,7 +78,7 @@ def answer_grid(engine: Engine, tok, lengths, n_prompts: int | dict[int, int], r
     return rows, secs
 
 
-FORCED_BLOCKS = 2          # the sink and local blocks every router here reads (Router's defaults)
+FORCED_BLOCKS = RouterConfig.sink_blocks + RouterConfig.local_blocks     # what every router here reads first
 
 
 def block_size_grid(model, tok, length: int, n_prompts: int, block_sizes, scorers, budgets, tasks=("passkey",),
