@@ -184,3 +184,59 @@ def test_chunked_prefill_equals_one_shot(real, prompt):
     (a, (ka, va)), (b, (kb, vb)) = outs
     assert (a - b).abs().max().item() < 1e-4
     assert (ka - kb).abs().max().item() < 1e-4 and (va - vb).abs().max().item() < 1e-4
+
+
+@needs_model
+def test_jittered_depths_stay_in_their_slots_and_are_new(real):
+    from sparsekv.studies import hybrid
+    tok, n = real[1], 8
+    plain = [p.depth for p in hybrid.probe_set(tok, "passkey", 512, n, seed=1)]
+    fresh = [p.depth for p in hybrid.probe_set(tok, "passkey", 512, n, seed=1, jitter=True)]
+    assert fresh == [p.depth for p in hybrid.probe_set(tok, "passkey", 512, n, seed=1, jitter=True)]   # seeded
+    assert fresh == sorted(fresh, reverse=True)                     # still deepest first
+    for i, d in enumerate(fresh[::-1]):                             # slot i of [0.05, 0.95], shallowest first
+        assert 0.05 + 0.9 * i / n <= d <= 0.05 + 0.9 * (i + 1) / n
+    assert not set(fresh) & set(plain)
+
+
+@needs_model
+def test_quest_protocol_forces_only_the_current_block_and_reaches_the_engine(real, monkeypatch):
+    from sparsekv.studies import hybrid, realmodel
+    model, tok = real[0], real[1]
+    qm = realmodel.quest_methods(["minmax"], [64])
+    (name, proto), = qm.items()
+    assert name == "minmax+quest@64" and proto.dense_layers == realmodel.QUEST_DENSE_LAYERS == 2
+    assert (proto.router.sink_blocks, proto.router.local_blocks, proto.router.budget_blocks(16)) == (0, 1, 4)
+    eng = sk.Engine(model, block_size=16, num_blocks=200, progress=False)
+    seen = []
+    feed = eng.feed
+
+    def spy(seq, ids, router=None, dense_layers=None, **kw):
+        seen.append((router is None, dense_layers))
+        return feed(seq, ids, router=router, dense_layers=dense_layers, **kw)
+
+    monkeypatch.setattr(eng, "feed", spy)
+    every = realmodel.Protocol(sk.Router("minmax", token_budget=64), dense_layers=model.config.n_layers)
+    rows, _ = hybrid.answer_grid(eng, tok, [512], 2, {"dense": None, **qm, "every": every}, route_lengths=[512],
+                                 tasks=("passkey",))
+    assert {s for s in seen} == {(True, None), (False, 2), (False, model.config.n_layers)}
+    by = {(r["method"], r["prompt"]): (r["correct"], r["steps"]) for r in rows}
+    # Every layer read densely: a routed method whose answers are dense's, step for step.
+    assert all(by["every", p] == by["dense", p] for p in (0, 1))
+
+
+@needs_model
+@pytest.mark.parametrize("name", ["dense", "minmax@64", "mean@64", "oracle@64", "minmax+quest@64", "oracle+quest@64"])
+def test_step_bytes_are_the_bytes_a_step_of_the_engine_reads(real, name):
+    from sparsekv.studies import realmodel
+    model = real[0]
+    method = {**realmodel.methods(["minmax", "mean", "oracle"], [64]),
+              **realmodel.quest_methods(["minmax", "oracle"], [64])}[name]
+    eng = sk.Engine(model, block_size=16, num_blocks=200, progress=False)
+    seq = eng.new_sequence()
+    eng.prefill(seq, list(range(1000, 1000 + 301)))           # 301 tokens: the step writes the 302nd, a partial block
+    router, dense = (method.router, method.dense_layers) if isinstance(method, realmodel.Protocol) else (method, None)
+    eng.feed(seq, [7], router=router, dense_layers=dense)
+    got = eng.stats(seq).steps[-1].traffic
+    want = realmodel.step_bytes(method, eng.store.config, model.config.n_heads, 302)
+    assert (got.kv_bytes, got.summary_bytes) == (want.kv_bytes, want.summary_bytes)

@@ -37,13 +37,15 @@ def prefill_probe(engine: Engine, ids: list[int]) -> Sequence:
     return seq
 
 
-def score_answer(engine: Engine, seq: Sequence, last_token: int, answer: list[int], router: Router | None) -> Answer:
-    """Teacher-forced greedy on a fork of `seq`: correct iff every step's argmax is the next answer token."""
+def score_answer(engine: Engine, seq: Sequence, last_token: int, answer: list[int], router: Router | None,
+                 dense_layers: int | None = None) -> Answer:
+    """Teacher-forced greedy on a fork of `seq`: correct iff every step's argmax is the next answer token.
+    `dense_layers`: leading layers read densely (None: the engine's)."""
     child = engine.fork(seq)
     try:
         feed = [last_token] + answer[:-1]
         for i, tok in enumerate(feed):
-            logits = engine.feed(child, [tok], router=router)[-1]
+            logits = engine.feed(child, [tok], router=router, dense_layers=dense_layers)[-1]
             if int(torch.argmax(logits)) != answer[i]:
                 return Answer(False, i + 1, [s.seconds for s in engine.stats(child).steps])
         return Answer(True, len(feed), [s.seconds for s in engine.stats(child).steps])

@@ -23,6 +23,7 @@ from ..analysis.stats import mcnemar, wilson
 from ..core.traffic import hybrid_cache_bytes
 from ..model.engine import Engine
 from ..routing.router import Router, RouterConfig
+from .realmodel import Protocol, methods
 
 TASKS = ("passkey", "prose")
 
@@ -32,12 +33,17 @@ def _bar(total: int, desc: str, progress: bool):
     return tqdm(total=total, desc=desc, disable=not progress, leave=False)
 
 
-def probe_set(tok, task: str, length: int, n: int, seed: int = 0) -> list[prompts.PromptProbe]:
-    """`n` prompts of `length` tokens for `task`, needles at depths spread over [0.05, 0.95], deepest first."""
+def probe_set(tok, task: str, length: int, n: int, seed: int = 0, jitter: bool = False) -> list[prompts.PromptProbe]:
+    """`n` prompts of `length` tokens for `task`, needles at depths spread over [0.05, 0.95], deepest first.
+    `jitter`: each depth drawn uniformly within its own 1/n slot of that range instead (still deepest first), so
+    a set with another seed holds new depths as well as new needles."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     rng = random.Random(seed * 1_000_003 + length)
-    depths = [0.05 + 0.9 * i / max(1, n - 1) for i in range(n)][::-1]
+    if jitter:
+        depths = [0.05 + 0.9 * (i + rng.random()) / n for i in range(n)][::-1]
+    else:
+        depths = [0.05 + 0.9 * i / max(1, n - 1) for i in range(n)][::-1]
     if task == "passkey":
         filler = tok(prompts.PASSKEY_FILLER * (length // 8 + 16), add_special_tokens=False)["input_ids"]
         return [prompts.passkey(tok, length, d, rng.randrange(10000, 99999), filler) for d in depths]
@@ -45,10 +51,12 @@ def probe_set(tok, task: str, length: int, n: int, seed: int = 0) -> list[prompt
     return [prompts.text_needle(tok, hay, "prose", length, d, seed=rng.randrange(1 << 30)) for d in depths]
 
 
-def answer_grid(engine: Engine, tok, lengths, n_prompts: int | dict[int, int], routers: dict[str, Router | None],
-                route_lengths=(), tasks=TASKS, seed: int = 0, progress: bool = True) -> tuple[list[dict], dict]:
+def answer_grid(engine: Engine, tok, lengths, n_prompts: int | dict[int, int], routers: dict,
+                route_lengths=(), tasks=TASKS, seed: int = 0, progress: bool = True,
+                jitter: bool = False) -> tuple[list[dict], dict]:
     """Every prompt answered densely, and by every router at the lengths in `route_lengths`. `n_prompts` is one
-    count for every length, or {length: count} naming every length.
+    count for every length, or {length: count} naming every length. `routers`: {name: None (dense), a Router, or
+    a realmodel.Protocol (a router with its own dense layers)}. `jitter`: probe_set's.
 
     Returns (rows, seconds): rows {task, length, prompt, depth, method, correct, steps}; seconds per
     (task, length): {"prefill": ..., "answer": ...} wall time, for the run's own budget.
@@ -60,14 +68,17 @@ def answer_grid(engine: Engine, tok, lengths, n_prompts: int | dict[int, int], r
     for task in tasks:
         for L in lengths:
             pre = ans = 0.0
-            for i, probe in enumerate(probe_set(tok, task, L, counts[L], seed)):
+            for i, probe in enumerate(probe_set(tok, task, L, counts[L], seed, jitter)):
                 t0 = time.perf_counter()
                 seq = observe.prefill_probe(engine, probe.ids)
                 t1 = time.perf_counter()
                 for name, r in routers.items():
                     if r is not None and L not in route_lengths:
                         continue
-                    a = observe.score_answer(engine, seq, probe.ids[-1], probe.answer, r)
+                    dense_layers = None
+                    if isinstance(r, Protocol):
+                        r, dense_layers = r.router, r.dense_layers
+                    a = observe.score_answer(engine, seq, probe.ids[-1], probe.answer, r, dense_layers)
                     rows.append({"task": task, "length": L, "prompt": i, "depth": probe.depth, "method": name,
                                  "correct": bool(a.correct), "steps": a.steps})
                 engine.finish(seq)
@@ -82,7 +93,7 @@ FORCED_BLOCKS = RouterConfig.sink_blocks + RouterConfig.local_blocks     # what 
 
 
 def block_size_grid(model, tok, length: int, n_prompts: int, block_sizes, scorers, budgets, tasks=("passkey",),
-                    seed: int = 0, progress: bool = True) -> list[dict]:
+                    seed: int = 0, progress: bool = True, jitter: bool = False) -> list[dict]:
     """`answer_grid` on one engine per block size, the same prompts (same seed) and token budgets on each.
 
     A budget runs at a block size only where it leaves at least one block to choose beyond the forced sink and
@@ -90,13 +101,12 @@ def block_size_grid(model, tok, length: int, n_prompts: int, block_sizes, scorer
     the forced two. Dense runs at every block size (the store is exact, so its answers should not move with it).
     Returns answer_grid's rows, each with its "block_size".
     """
-    from .realmodel import methods
     out = []
     for bs in block_sizes:
         engine = Engine(model, block_size=bs, num_blocks=3 * (length // bs + 64), prefix_cache=True, progress=False)
         routers = methods(scorers, [b for b in budgets if b // bs > FORCED_BLOCKS], seed)
         rows, _ = answer_grid(engine, tok, [length], n_prompts, routers, route_lengths=[length], tasks=tasks,
-                              seed=seed, progress=progress)
+                              seed=seed, progress=progress, jitter=jitter)
         out += [{**r, "block_size": bs} for r in rows]
     return out
 

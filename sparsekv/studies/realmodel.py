@@ -8,6 +8,7 @@ Rows are flat dicts, ready for `study.mean_of` / `study.pivot`.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from ..analysis import corpus, observe
 from ..analysis import prompts as probe_text  # not `prompts`: passkey_grid's count is called that
@@ -22,6 +23,50 @@ def methods(scorers, budgets, seed: int = 0, union=()) -> dict[str, Router | Non
     out.update({f"{s}@{b}": Router(s, token_budget=b, seed=seed) for s in scorers for b in budgets})
     out.update({f"{s}+union@{b}": Router(s, token_budget=b, seed=seed, gqa="union") for s in union for b in budgets})
     return out
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A router and the decode protocol around it, as one method of a grid: `dense_layers` leading attention
+    layers read densely (None: the engine's own), the rest routed by `router`."""
+
+    router: Router
+    dense_layers: int | None = None
+
+
+QUEST_DENSE_LAYERS = 2      # Quest's passkey script decodes layers 0 and 1 densely
+
+
+def quest_methods(scorers, budgets, seed: int = 0) -> dict[str, Protocol]:
+    """{"minmax+quest@64": Protocol(...), ...}: each scorer under Quest's passkey protocol. No sink block is
+    forced, only the block being written (it holds the current token), and the first QUEST_DENSE_LAYERS layers
+    are read densely, so a step reads those layers' whole K/V on top of the budget's."""
+    return {f"{s}+quest@{b}": Protocol(Router(s, token_budget=b, sink_blocks=0, local_blocks=1, seed=seed),
+                                       QUEST_DENSE_LAYERS) for s in scorers for b in budgets}
+
+
+def step_bytes(method, store_config, num_q_heads: int, num_tokens: int):
+    """The bytes one decode step reads over every layer (core.traffic's model, a StepTraffic) for a grid's method:
+    None (dense), a Router with a token budget, or a Protocol (its dense layers read like dense). The oracle is
+    charged every key it scores; any other scorer its summary vectors under `store_config` (a StoreConfig)."""
+    from ..core import traffic
+    c = store_config
+    geo = dict(num_kv_heads=c.num_kv_heads, block_size=c.block_size, head_dim=c.head_dim, itemsize=c.itemsize,
+               num_q_heads=num_q_heads)
+    dense = traffic.dense_traffic(num_tokens, **geo)
+    router, n_dense = (method.router, method.dense_layers or 0) if isinstance(method, Protocol) else (method, 0)
+    if router is None:
+        return sum([dense] * c.num_layers, traffic.StepTraffic())
+    if router.token_budget is None:
+        raise ValueError(f"step_bytes needs a dense method or a token_budget router, got {router!r}")
+    routed = traffic.routed_traffic(num_tokens, router.token_budget, summary_vectors=0, **geo)
+    if router.scorer.name == "oracle":
+        routed = routed + traffic.key_traffic(num_tokens, c.num_kv_heads, c.head_dim, c.summary_itemsize)
+    else:
+        vectors = router.scorer.vectors(c)
+        routed = routed + traffic.summary_traffic(-(-num_tokens // c.block_size) * c.num_kv_heads, vectors,
+                                                  c.head_dim, c.summary_itemsize)
+    return sum([dense] * n_dense + [routed] * (c.num_layers - n_dense), traffic.StepTraffic())
 
 
 def _bar(total: int, desc: str, progress: bool):

@@ -367,6 +367,11 @@ _union_word = _paired_word("passkey.minmax+union@64.acc_given_dense", "passkey.m
                            "passkey.minmax+union_vs_minmax@64.p", "one shared choice per kv head")
 _block_word = _paired_word("blocks.passkey.minmax@64.bs8.acc_given_dense", "passkey.minmax@64.acc_given_dense",
                            "blocks.passkey.minmax@64.bs8_vs_bs16.p", "in 16-token blocks")
+_fresh_mean_word = _paired_word("fresh.passkey.mean@64.bs8.acc_given_dense", "fresh.passkey.minmax@64.bs16.acc_given_dense",
+                                "fresh.passkey.mean.bs8_vs_minmax.bs16@64.p", "`minmax` in 16-token blocks")
+_fresh_quest_word = _paired_word("fresh.passkey.minmax+quest@64.bs16.acc_given_dense",
+                                 "fresh.passkey.minmax@64.bs16.acc_given_dense",
+                                 "fresh.passkey.minmax+quest.bs16_vs_minmax.bs16@64.p", "the suite's protocol")
 
 
 FINDINGS.append(
@@ -382,6 +387,11 @@ FINDINGS.append(
             "and `mean` {meu64:.0%}. In 8-token blocks at the same 64 tokens (6 free blocks beside the forced two, "
             "against 2), `minmax` answers {b8m:.0%}, which {bw}, `mean` {b8me:.0%} and the oracle {b8o:.0%}; in "
             "32-token blocks at 128 tokens `minmax` answers {b32m:.0%} (16-token blocks: {m128:.0%}). "
+            "On {fn:.0f} held-out passkeys (new keys at new depths) at 64 tokens and the same bytes read and held "
+            "(one summary vector per 8 tokens per kv head, 64 tokens of K/V per layer), `mean` in 8-token blocks "
+            "answers {fme:.0%}, which {fmw}, against the oracle's {fo:.0%}; under Quest's own passkey protocol (no "
+            "sink forced, layers 0 and 1 dense: {fqkv:.1f}x the K/V bytes per step) `minmax` answers {fq:.0%}, which "
+            "{fqw}. "
             "On Gemma 3 270M's global layers at 8k tokens, at a 64-token budget: oracle {g_o:.0%}, `labels` {g_l:.0%}, "
             "`minmax` {g_m:.0%} of the {g_n:.0f} prompts dense answers.",
             {"where": lambda m: "mainly in the fastest RoPE band" if m[N13]["slack.share.fast"] > 0.5
@@ -402,7 +412,11 @@ FINDINGS.append(
              "b8me": (N13, "blocks.passkey.mean@64.bs8.acc_given_dense"),
              "b8o": (N13, "blocks.passkey.oracle@64.bs8.acc_given_dense"), "bw": _block_word,
              "b32m": (N13, "blocks.passkey.minmax@128.bs32.acc_given_dense"),
-             "m128": (N13, "passkey.minmax@128.acc_given_dense")}))
+             "m128": (N13, "passkey.minmax@128.acc_given_dense"),
+             "fn": (N13, "fresh.passkey.dense_ok"), "fme": (N13, "fresh.passkey.mean@64.bs8.acc_given_dense"),
+             "fmw": _fresh_mean_word, "fo": (N13, "fresh.passkey.oracle@64.bs16.acc_given_dense"),
+             "fq": (N13, "fresh.passkey.minmax+quest@64.bs16.acc_given_dense"), "fqw": _fresh_quest_word,
+             "fqkv": lambda m: m[N13]["fresh.bytes.minmax+quest@64.bs16.kv"] / m[N13]["fresh.bytes.minmax@64.bs16.kv"]}))
 
 
 N14, B14 = "14_paired_questions", 256          # notebook 14 and the token budget its full run uses
