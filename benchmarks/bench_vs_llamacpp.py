@@ -16,7 +16,9 @@ real prose, tokenized once by sparsekv (`load_tokenizer`) and fed to llama.cpp a
   floor    a step's bytes (its weights as held, and the K/V and summaries its attention reads) over the machine's
            read bandwidth, measured in the same run (`bench_cpu_decode.read_bandwidth`). llama.cpp's: the file's
            weight bytes, and 16-bit K/V over the same tokens as sparsekv's dense step.
-sparsekv runs `load_model(path, weights="gguf")` (the file's own codes, `sparsekv.model.quant`) with bfloat16 K/V
+sparsekv runs `load_model(path, weights="gguf", activations=...)` (the file's own codes, `sparsekv.model.quant`; by
+default int8 activations into every decode matmul, as llama.cpp's own dot products take them: `--activations float32`
+keeps them float; each case also times the lm_head alone both ways, and dense decode with float32 ones) with bfloat16 K/V
 (llama.cpp keeps float16) and the summaries `minmax` reads (kmin, kmax), both at the same thread count; with that
 store its decode step is one operator call per layer (`sparsekv.model.fused`), the profile's "after".
 
@@ -24,7 +26,8 @@ Agreement, on held-out prose (`--agree-tokens` tokens, once per model): top-1 ag
 of the next-token distributions at every position, for sparsekv's gguf and float32 modes; and greedy continuations
 of 32 tokens from short prompts, the first position where each differs from llama.cpp's, and at that position each
 side's logit gap between its own pick and the other's (a near tie there is a rounding difference, not a fault:
-llama.cpp rounds the activations of its matmuls to 8 bits, sparsekv keeps them in float32).
+llama.cpp rounds the activations of its matmuls to 8 bits, sparsekv keeps them in float32 but in the
+gguf-fused-int8 mode).
 Results go to benchmarks/results/vs_llamacpp.json (rendered into the README by `benchmarks.report`).
 """
 from __future__ import annotations
@@ -55,9 +58,13 @@ LLAMA_SETTINGS = {"swa_full": False}
 # The engines whose agreement with llama.cpp is measured: (label, weights, Engine keywords). "gguf" is the general
 # decode path (per-layer Python), "gguf-fused" the one-call-per-layer step the speed cases time (`model.fused`: it
 # needs the kmin/kmax-only store), "float32" the parity reference.
-AGREE_MODES = [("gguf", "gguf", {"fused_decode": False}),
-               ("gguf-fused", "gguf", {"summaries": ("kmin", "kmax"), "repr_keys": 0}),
-               ("float32", "float32", {})]
+# "gguf-fused-int8" is the speed cases' engine with `--activations int8` (every decode matmul's input quantised to
+# int8 first, as llama.cpp's are).
+FUSED = {"summaries": ("kmin", "kmax"), "repr_keys": 0}
+AGREE_MODES = [("gguf", "gguf", "float32", {"fused_decode": False}),
+               ("gguf-fused", "gguf", "float32", FUSED),
+               ("gguf-fused-int8", "gguf", "int8", FUSED),
+               ("float32", "float32", "float32", {})]
 
 
 def cpu_name() -> str:
@@ -122,6 +129,31 @@ def time_steps(step, first: int, steps: int) -> tuple[list[float], int]:
     return secs, tok
 
 
+def lm_head_times(model, args) -> dict:
+    """The lm_head's decode matmul alone, with float32 and with int8 activations, interleaved over `args.repeats`
+    rounds of `args.steps` calls (the first round discarded): {activations: median seconds}. The same weights and
+    input on both sides; the difference is the activations' width and the integer dot products."""
+    from sparsekv.model import quant
+    head = model.lm_head
+    if not isinstance(head, quant.QuantLinear):
+        return {}
+    saved = head.activations
+    x = torch.randn(1, head.in_features, generator=torch.Generator().manual_seed(0))
+    secs = {a: [] for a in quant.ACTIVATIONS}
+    try:
+        for r in range(args.repeats):
+            for a in quant.ACTIVATIONS:
+                head.set_activations(a)
+                for _ in range(args.steps):
+                    t0 = time.perf_counter()
+                    head(x)
+                    if r:
+                        secs[a].append(time.perf_counter() - t0)
+    finally:
+        head.set_activations(saved)
+    return {a: statistics.median(v) for a, v in secs.items()}
+
+
 def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
     import sparsekv as sk
     from sparsekv.model import quant
@@ -129,11 +161,11 @@ def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
     ids = prompt_ids(tok, n)
     ctx = n + args.steps * args.repeats + 64
     peer = LlamaCpp(path, ctx, args.threads)
-    model = sk.load_model(path, weights="gguf")
+    model = sk.load_model(path, weights="gguf", activations=args.activations)
     eng = sk.Engine(model, block_size=16, num_blocks=ctx // 16 + 64, chunk_size=512, progress=False,
                     kv_dtype=torch.bfloat16, summaries=("kmin", "kmax"), repr_keys=0)   # what minmax reads
     seq = eng.new_sequence()
-    case = {"model": name, "length": n}
+    case = {"model": name, "length": n, "activations": args.activations, "lm_head_s": lm_head_times(model, args)}
     t0 = time.perf_counter()
     peer.eval(ids)
     case["llamacpp_prefill_s"] = time.perf_counter() - t0
@@ -143,7 +175,7 @@ def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
     first_peer, first_ours = int(np.argmax(peer.last_logits())), int(logits.argmax())
     case["same_first_token"] = first_peer == first_ours
     router = sk.Router("minmax", token_budget=BUDGET)
-    runs = {"dense": eng.fork(seq), "routed": eng.fork(seq)}
+    runs = {"dense": eng.fork(seq), "routed": eng.fork(seq), "dense_f32act": eng.fork(seq)}
 
     def ours(s, r):
         def step(t):
@@ -153,11 +185,15 @@ def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
 
     steppers = {"llamacpp": peer.step, "sparsekv_dense": ours(runs["dense"], None),
                 "sparsekv_routed": ours(runs["routed"], router)}
-    nexts = {"llamacpp": first_peer, "sparsekv_dense": first_ours, "sparsekv_routed": first_ours}
+    acts = dict.fromkeys(steppers, args.activations)
+    if args.activations == "int8":          # what int8 activations buy, in the same run: dense with float32 ones
+        steppers["sparsekv_dense_f32act"], acts["sparsekv_dense_f32act"] = ours(runs["dense_f32act"], None), "float32"
+    nexts = {k: first_peer if k == "llamacpp" else first_ours for k in steppers}
     secs = {k: [] for k in steppers}
     tokens = {k: [] for k in steppers}
     for r in range(args.repeats):
         for k, step in steppers.items():
+            quant.set_activations(model, acts[k])         # outside the clock; the fused step rebinds on its first step
             s, nexts[k] = time_steps(step, nexts[k], args.steps)
             if r:                                          # round 0 is warm-up
                 secs[k] += s
@@ -177,6 +213,7 @@ def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
     case["llamacpp_floor_s"] = (case["llamacpp_weight_bytes"] + case["sparsekv_dense_kv_bytes"]) / bw
     for k in ("llamacpp", "sparsekv_dense", "sparsekv_routed"):
         case[f"{k}_over_floor"] = case[f"{k}_tpot_s"] / case[f"{k}_floor_s"]
+    quant.set_activations(model, args.activations)
     case["dense_vs_llamacpp"] = case["sparsekv_dense_tpot_s"] / case["llamacpp_tpot_s"]
     case["routed_vs_llamacpp"] = case["sparsekv_routed_tpot_s"] / case["llamacpp_tpot_s"]
     case["prefill_vs_llamacpp"] = case["sparsekv_prefill_s"] / case["llamacpp_prefill_s"]
@@ -210,8 +247,8 @@ def agreement(name: str, path: Path, args) -> dict:
             seq_t.append(int(np.argmax(lg[-1])))
         peer_tokens.append(seq_t)
         peer_logits.append(lg)
-    for weights, mode, kw in AGREE_MODES:
-        model = sk.load_model(path, weights=mode)
+    for weights, mode, act, kw in AGREE_MODES:
+        model = sk.load_model(path, weights=mode, activations=act)
         eng = sk.Engine(model, block_size=16, num_blocks=args.agree_tokens // 16 + 64, progress=False, **kw)
         seq = eng.new_sequence()
         eng.prefill(seq, text[:1])
@@ -348,6 +385,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-agreement", action="store_true", help="speed only (a quick run)")
     ap.add_argument("--profile-tokens", type=int, default=2048, help="context of the overhead profile (SmolLM2)")
     ap.add_argument("--skip-profile", action="store_true", help="no overhead profile (a quick run)")
+    ap.add_argument("--activations", default="int8", choices=["float32", "int8"],
+                    help="sparsekv's activations before 8-bit tensors in the speed cases (load_model's)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vs_llamacpp.json")
     args = ap.parse_args(argv)
     try:
@@ -381,7 +420,7 @@ def main(argv=None) -> int:
     out = {"date": str(date.today()), "torch": torch.__version__, "llama_cpp_python": llama_cpp.__version__,
            "cpu": cpu_name(), "llama_cpp_features": llama_cpp.llama_print_system_info().decode().strip(" |"),
            "threads": args.threads, "llama_settings": LLAMA_SETTINGS, "read_bandwidth_Bps": bw, "steps": args.steps, "repeats": args.repeats,
-           "budget_tokens": BUDGET, "cases": cases, "agreement": agree, "overhead": prof}
+           "budget_tokens": BUDGET, "activations": args.activations, "cases": cases, "agreement": agree, "overhead": prof}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     plot(out, args.out.with_suffix(".png"))

@@ -165,7 +165,9 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
     if not path.exists():
         return "sparsekv against llama.cpp: not yet measured (`make bench-peers`, then `python -m benchmarks.bench_vs_llamacpp`)."
     d = json.loads(path.read_text())
-    lines = [f"sparsekv (`weights=\"gguf\"`: the file's own codes; bfloat16 K/V) against llama.cpp (llama-cpp-python "
+    act = d.get("activations", "float32")
+    lines = [f"sparsekv (`weights=\"gguf\"`: the file's own codes; bfloat16 K/V; {act} activations into its decode "
+             f"matmuls) against llama.cpp (llama-cpp-python "
              f"{d['llama_cpp_python']}, float16 K/V) on the same GGUF files and the same token ids of real prose, in one "
              f"process, {d['threads']} threads, {d['date']}, on {d.get('cpu', 'an unrecorded CPU')}"
              + (f" (llama.cpp's build: {d['llama_cpp_features'].replace(' | ', ', ')}; `make bench-peers` builds it without AMX)" if d.get("llama_cpp_features") else "")
@@ -190,12 +192,23 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
               "first divergence | largest logit gap there (either side) |",
               "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
     for a in d["agreement"]:
-        for w in [w for w in ("gguf", "gguf-fused", "float32") if f"{w}_top1_agreement" in a]:
+        for w in [w for w in ("gguf", "gguf-fused", "gguf-fused-int8", "float32") if f"{w}_top1_agreement" in a]:
             gaps = [max(m["ours"], m["llamacpp"]) for m in a.get(f"{w}_divergence_margins", [])]
             gap = f"{max(gaps):.3f}" if gaps else "-"
             lines.append(f"| {a['model']} | {a['tokens']} | {w} | {a[f'{w}_top1_agreement']:.1%} | {a[f'{w}_kl_mean']:.4f} | "
                          f"{a[f'{w}_kl_p99']:.4f} | {a[f'{w}_greedy_identical']} of {a['greedy_prompts']} | "
                          f"{a[f'{w}_greedy_first_divergence']} | {gap} |")
+    heads = [r for r in d["cases"] if r.get("lm_head_s")]
+    if heads:
+        lines += ["", "What int8 activations buy, in the same run: the lm_head's decode matmul alone (8-bit codes, one row "
+                  "of x), and sparsekv's dense TPOT, each with float32 and with int8 activations, interleaved:", "",
+                  "| model | tokens | lm_head float32 / int8 | ratio | dense TPOT float32 / int8 | ratio |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for r in heads:
+            f, i = r["lm_head_s"]["float32"], r["lm_head_s"]["int8"]
+            tf, ti = r.get("sparsekv_dense_f32act_tpot_s"), r["sparsekv_dense_tpot_s"]
+            dense = f"{1e3 * tf:.1f} / {1e3 * ti:.1f} ms | {tf / ti:.2f}x" if tf else "- | -"
+            lines.append(f"| {r['model']} | {r['length']:,} | {1e3 * f:.1f} / {1e3 * i:.1f} ms | {f / i:.2f}x | {dense} |")
     if d.get("overhead"):
         o = d["overhead"]
         lines += ["", f"Where a dense SmolLM2 step goes at {o[0]['tokens']:,} tokens (torch.profiler): the time inside "

@@ -2,7 +2,8 @@
 
     paged_decode.cpp   decode attention over selected (or all) K/V tiles, in place
     route.cpp          block scoring, and scoring + block distribution + top-k in one pass
-    qlinear.cpp        weight-only 4- and 8-bit matmuls over a GGUF file's own codes (`sparsekv.model.quant`)
+    qlinear.cpp        weight-only 4- and 8-bit matmuls over a GGUF file's own codes (`sparsekv.model.quant`), and
+                       8-bit codes against int8 activations (qlinear_q8, llama.cpp's Q8_0 dot product)
     decode_layer.cpp   one decoder layer of a decode step in one call (`sparsekv.model.fused`), from the three above
     simd.h             the 16-lane vector type both are written in (AVX-512, or portable loops)
     register.cpp       the torch.library registration (torch.ops.sparsekv_cpu.*)
@@ -192,6 +193,25 @@ def qlinear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: t
     if load() is None:
         raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
     return torch.ops.sparsekv_cpu.qlinear(x, codes, scale, offset, bits, group)
+
+
+def qlinear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int,
+               group: int) -> torch.Tensor:
+    """y [M, N] float32 = q8(x) . W^T for W of 8-bit codes int8 [N, K] in groups of 32 with no offset (GGUF's Q8_0):
+    x [M, K] float32 (finite) quantised first per 32 values as `quantize_q8` does, then integer dot products
+    scaled per group (`cpu/qlinear.cpp`), as llama.cpp's own Q8_0 dot products are."""
+    if load() is None:
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
+    return torch.ops.sparsekv_cpu.qlinear_q8(x, codes, scale, offset, bits, group)
+
+
+def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32 (K a multiple of 32, finite) -> (q int8 [M, K], d float32 [M, K / 32]): per 32 values,
+    d = max|x| / 127 and q = nearbyint(x * (1 / d)), 0 where d = 0; |q| <= 127 and x ~ q * d."""
+    if load() is None:
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
+    q, d = torch.ops.sparsekv_cpu.quantize_q8(x)
+    return q, d
 
 
 def qdequant(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, group: int) -> torch.Tensor:

@@ -421,6 +421,10 @@ def bit_outputs(cases: list[dict]) -> list[torch.Tensor]:
             out.append(cpu_decode.qlinear(torch.randn(M, w.shape[1], generator=g), w.codes, w.scale, w.offset, bits,
                                           group))
         out.append(cpu_decode.qdequant(w.codes, w.scale, w.offset, bits, group))
+        if (bits, group, offset) == (8, 32, None):  # int8 activations: maddubs (AVX2), dpbusd (VNNI) or loops
+            for M in (1, 3, 6):
+                x = torch.randn(M, w.shape[1], generator=g)
+                out += [cpu_decode.qlinear_q8(x, w.codes, w.scale, w.offset, bits, group), *cpu_decode.quantize_q8(x)]
     return out + decode_layer_outputs()
 
 
@@ -434,7 +438,7 @@ def decode_layer_outputs(seed: int = 12) -> list[torch.Tensor]:
         codes = (torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8) if bits == 4
                  else torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8))
         off = torch.randn(N, K // group, generator=g) * 0.01 if bits == 4 else torch.zeros(0)
-        return [codes, torch.rand(N, K // group, generator=g) * 0.01, off], [bits, group]
+        return [codes, torch.rand(N, K // group, generator=g) * 0.01, off], [bits, group, int(bits == 4 or group == 32)]
 
     out = []
     for sandwich, dtype, (Hq, H, D) in ((0, torch.float32, (6, 2, 64)), (1, torch.bfloat16, (4, 1, 256))):

@@ -219,3 +219,37 @@ def test_scope_is_checked_and_said(tmp_path):
         assert len(half.decode(seq, 2)) == 2 and half._fused is False
     with pytest.raises(TypeError, match="fused_decode"):
         sk.Engine(model, block_size=16, num_blocks=64, fused_decode=1)
+
+
+@kernel_only
+@pytest.mark.parametrize("hq,h,d,block,windows", [CASES[1], CASES[2], CASES[4]])
+def test_int8_activations_in_the_operator_match_the_general_path(hq, h, d, block, windows):
+    """`quant.set_activations(model, "int8")` before the Engine: the operator quantises each linear's input as the
+    general path's QuantLinear does (qlinear_q8 both sides). The two paths' inputs differ by float32 rounding (torch's
+    norms and attention against the operator's), which can move a value of x across a rounding edge of its int8 code,
+    so the check is relative: the two int8 paths are far closer to each other than either is to float64 (both are
+    about d / 2 per value away from it)."""
+    cfg = _cfg(hq, h, d, block, windows)
+    seed = 77 + hq + d
+    qm, ref = models(cfg, seed, True, v_bits=8 if d == 256 else 4)
+    ids = torch.randint(0, cfg.vocab_size, (47,), generator=torch.Generator().manual_seed(seed))
+    n = 29
+    with torch.inference_mode():
+        want = ref.train_forward(ids[None])[0, n:].float()
+    outs = {}
+    for f in (True, False):
+        eng = engine(qm, f)                               # built with float32 activations: the flags rebind per step
+        seq = eng.new_sequence()
+        eng.prefill(seq, ids[:n])
+        for act in ("int8", "float32"):
+            quant.set_activations(qm, act)
+            outs[f, act] = eng.feed(eng.fork(seq), ids[n:])
+        assert isinstance(eng._fused, fused.FusedDecode) == f
+    assert torch.allclose(outs[True, "float32"], outs[False, "float32"], atol=1e-5)       # rebound to float32
+    outs = {f: outs[f, "int8"] for f in (True, False)}
+    between = (outs[True] - outs[False]).abs().max().item()
+    to_exact = (outs[False] - want).abs().max().item()
+    # Measured here: between 3e-7, 1.5e-4 (a code across an edge) and 6e-7; to float64 2e-4, 4e-3 and 4e-3. A float32
+    # general path alone sits about 2e-6 from float64 (test above), so 2e-5 says int8 activations did change them.
+    assert to_exact > 2e-5
+    assert between <= 0.5 * to_exact, (between, to_exact)

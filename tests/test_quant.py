@@ -130,6 +130,10 @@ def test_load_model_checks_its_weights_argument(tmp_path):
         sk.load_model(tmp_path, weights="gguf")
     with pytest.raises(ValueError, match="dtype must be torch.float32"):
         sk.load_model(tmp_path / "m.gguf", dtype=torch.bfloat16, weights="gguf")
+    with pytest.raises(ValueError, match="activations must be one of"):
+        sk.load_model(tmp_path / "m.gguf", weights="gguf", activations="int4")
+    with pytest.raises(ValueError, match="needs weights='gguf'"):
+        sk.load_model(tmp_path, activations="int8")
 
 
 def _smollm2():
@@ -171,3 +175,124 @@ def test_smollm2_in_gguf_mode_holds_the_file_s_weights_and_decodes_as_float32_do
         runs.append((first, eng.decode(seq, 32)))
     torch.testing.assert_close(runs[1][0], runs[0][0], rtol=0, atol=2e-3)   # summation order only
     assert runs[1][1] == runs[0][1]
+
+
+def q8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_q8's rule in torch's float32 ops: d = max|x| / 127 per 32 values, q = round-half-even(x * (1 / d))."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    d = xb.abs().amax(-1) / 127
+    inv = torch.where(d != 0, 1 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    q = torch.round(xb * inv[..., None]).to(torch.int8)
+    return q.reshape(x.shape), d
+
+
+@kernel_only
+def test_int8_activations_are_quantised_by_the_stated_rule():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 160, generator=g) * torch.logspace(-3, 3, 5)[:, None]
+    x[1, 32:64] = 0                                        # an all-zero block: d = 0, q = 0
+    x[2, 64:96] = torch.arange(32) * 0.5 - 7.75            # ties at .5 after scaling in some lanes
+    q, d = cpu_decode.quantize_q8(x)
+    rq, rd = q8_reference(x)
+    assert torch.equal(q, rq) and torch.equal(d, rd)
+    assert int(q.abs().max()) <= 127 and (d[1, 1] == 0) and (q[1, 32:64] == 0).all()
+    # each value within half a step of its code (plus the rounding of 1 / d)
+    back = (q.reshape(5, -1, 32).double() * d.double()[..., None]).reshape(5, 160)
+    assert ((back - x.double()).abs() <= (0.5 + 1e-5) * d.double().repeat_interleave(32, 1)).all()
+
+
+def int8_layouts():
+    """The layouts qlinear_q8 takes: every one of `layouts()` but 8-bit codes in groups of 16 or with an offset."""
+    return [lay for lay in layouts() if lay[0] != 8 or (lay[1] == 32 and lay[3] is None)]
+
+
+@kernel_only
+@pytest.mark.parametrize("bits,group,scale,offset", int8_layouts())
+@pytest.mark.parametrize("N,K,M", [(37, 96, 1), (5, 32, 2), (129, 576, 3), (64, 1536, 4), (7, 160, 5), (33, 64, 17)])
+def test_the_int8_activation_kernel_matches_a_float64_reference(bits, group, scale, offset, N, K, M):
+    """Against float64 over the kernel's own q and d, (q d) . W^T: the integer dots are exact, so the error is
+    float32's on the per-group terms d s sum u q and d (o - s bias) sum q (bias: 0, 16, 32 for 4, 5, 6 bits; a
+    product, a difference and an fma each, then up to K / 32 accumulations per lane and the tree): within
+    4 (K / 32 + 8) u sum_k |q_k| d_k (|w_k| + 2 |o_k| + 2 |s_k| bias), a first-order bound with room (|s u| <=
+    |w - o| + |s| bias). Against x . W^T in float64: each x within d / 2 of q d adds at most sum_k |w_k| d_k / 2."""
+    K = fits(K, scale, offset)
+    g = torch.Generator().manual_seed(N * K + M + 1)
+    w = random_weight(bits, group, scale, offset, N, K, g)
+    x = torch.randn(M, K, generator=g)
+    y = cpu_decode.qlinear_q8(x, w.codes, w.scale, w.offset, bits, group)
+    q, d = cpu_decode.quantize_q8(x)
+    step = d.double().repeat_interleave(32, 1)                                      # [M, K]
+    W = quant.dequantize(w, torch.float64)                                          # unrounded
+    ref = (q.double() * step) @ W.T
+    bias = 0 if bits in (4, 8) else 1 << (bits - 1)
+    sc = quant.table(w.scale, K, group).double().abs().repeat_interleave(group, 1)
+    off = (quant.table(w.offset, K, group).double().abs().repeat_interleave(group, 1) if w.offset.numel()
+           else torch.zeros_like(sc))
+    bound = 4 * (K / 32 + 8) * U * ((q.double().abs() * step) @ (W.abs() + 2 * off + 2 * bias * sc).T)
+    assert y.shape == (M, N) and y.dtype == torch.float32
+    assert ((y.double() - ref).abs() <= bound).all(), float(((y.double() - ref).abs() / bound).max())
+    qerr = 0.5 * (1 + 1e-5) * step @ W.abs().T
+    assert ((y.double() - x.double() @ W.T).abs() <= qerr + bound).all()
+
+
+@kernel_only
+def test_int8_activations_bind_only_where_the_layout_has_them():
+    g = torch.Generator().manual_seed(9)
+    q8 = quant.QuantLinear(random_weight(8, 32, "half", None, 40, 64, g), activations="int8")
+    q4 = quant.QuantLinear(random_weight(4, 32, "half", "half", 40, 64, g), activations="int8")
+    q8g16 = quant.QuantLinear(random_weight(8, 16, "plain", None, 40, 64, g), activations="int8")
+    x = torch.randn(2, 64, generator=g)
+    assert q8.int8_activations and q4.int8_activations and not q8g16.int8_activations
+    assert torch.equal(q8(x), cpu_decode.qlinear_q8(x, q8.codes, q8.scale, q8.offset, 8, 32))
+    assert torch.equal(q4(x), cpu_decode.qlinear_q8(x, q4.codes, q4.scale, q4.offset, 4, 32))
+    assert torch.equal(q8g16(x), cpu_decode.qlinear(x, q8g16.codes, q8g16.scale, q8g16.offset, 8, 16))
+    chunk = torch.randn(quant.DECODE_ROWS + 1, 64, generator=g)                     # a prefill chunk: float32
+    assert torch.equal(q8(chunk), torch.nn.functional.linear(chunk, q8.dequantized()))
+    q8.set_activations("float32")
+    assert not q8.int8_activations and torch.equal(q8(x), cpu_decode.qlinear(x, q8.codes, q8.scale, q8.offset, 8, 32))
+    with pytest.raises(ValueError, match="activations must be one of"):
+        q8.set_activations("int4")
+    assert q8.activations == "float32"                                               # a refused call changes nothing
+    with pytest.raises(RuntimeError, match="x must be finite"):
+        cpu_decode.qlinear_q8(torch.full((1, 64), float("nan")), q8.codes, q8.scale, q8.offset, 8, 32)
+    with pytest.raises(RuntimeError, match="no offset"):
+        cpu_decode.qlinear_q8(x, q8g16.codes, q8g16.scale, q8g16.offset, 8, 16)
+
+
+@kernel_only
+def test_smollm2_int8_activations_stay_within_their_bound_on_the_model_s_own_states():
+    """The tied lm_head (Q8_0) with int8 activations, on the final hidden states SmolLM2's decode steps feed it over
+    real text (captured by a hook): each logit within the activations' rounding bound of the float32-activation
+    kernel's (sum_k |w_k| d_k / 2), plus both kernels' float32 error bounds (test_the_kernel_matches_a_float64_reference
+    and the int8 one); and the tokens both pick, where the float32 one's margin exceeds the bound, the same."""
+    path = _smollm2()
+    model = sk.load_model(path, weights="gguf", activations="int8")
+    head = model.lm_head
+    assert head.int8_activations and model.layers[0].self_attn.qkv_proj.int8_activations
+    tok = sk.load_tokenizer(path)
+    from sparsekv.analysis import corpus
+    ids = [tok.bos_token_id] + corpus.take(tok, corpus.haystack("prose"), 63)
+    seen = []
+    hook = head.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().reshape(-1, args[0].shape[-1])))
+    try:
+        eng = sk.Engine(model, progress=False)
+        seq = eng.new_sequence()
+        eng.prefill(seq, ids[:16])
+        seen.clear()
+        eng.feed(seq, ids[16:], router=None)
+    finally:
+        hook.remove()
+    x = torch.cat(seen)                                                  # [47, 576]: one row per decode step
+    assert x.shape[0] == len(ids) - 16
+    y8 = torch.cat([head(r[None]) for r in x])
+    head.set_activations("float32")
+    y32 = torch.cat([head(r[None]) for r in x])
+    _, d = cpu_decode.quantize_q8(x)
+    W = head.dequantized().double()
+    K = head.in_features
+    bound = (0.5 * (1 + 1e-5) * d.double().repeat_interleave(32, 1) @ W.abs().T
+             + 2 * (K / 64 + 8 + 2 * (K / 32 + 8)) * U * (x.double().abs() @ W.abs().T))
+    assert ((y8.double() - y32.double()).abs() <= bound).all()
+    top2 = y32.topk(2, -1)
+    clear = (top2.values[:, 0] - top2.values[:, 1]).double() > 2 * bound.max(-1).values
+    assert clear.any() and torch.equal(y8.argmax(-1)[clear], y32.argmax(-1)[clear])

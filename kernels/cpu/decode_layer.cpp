@@ -25,7 +25,8 @@
 //   w       norm weights, then linears: [norm_in, norm_post, norm_pre_ff | empty, norm_post_ff | empty,
 //           q_norm | empty, k_norm | empty] + for each linear (codes, scale, offset): the qkv parts (1 or 3),
 //           o, the gate/up parts (1 or 2), down
-//   meta    [Hq, H, D, n_qkv, n_gu, sandwich, act (0 silu, 1 gelu_tanh), then (bits, group) per linear]
+//   meta    [Hq, H, D, n_qkv, n_gu, sandwich, act (0 silu, 1 gelu_tanh), then (bits, group, int8) per linear;
+//           int8 1: its input quantised to int8 per 32 values first (qlinear_q8), 0: float32 (qlinear)]
 //   fmeta   [eps, norm offset, q_gain (0: none)]
 //   k, v    the layer's pool [H, NB, bs, D] contiguous, float32 or bfloat16 (written at [h, block, row])
 //   sums    the summaries the store keeps, each [H, NB, D] contiguous float32 or bfloat16; kinds: 0 kmin, 1 kmax
@@ -46,6 +47,8 @@
 
 at::Tensor qlinear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits,
                    int64_t group);
+at::Tensor qlinear_q8(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits,
+                      int64_t group);
 std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table,
                                         at::Tensor blocks, int64_t num_tokens, int64_t splits, int64_t min_token);
 std::vector<at::Tensor> route_topk(at::Tensor q, at::Tensor a, at::Tensor b, at::Tensor table,
@@ -54,12 +57,15 @@ std::vector<at::Tensor> route_topk(at::Tensor q, at::Tensor a, at::Tensor b, at:
 namespace {
 
 constexpr int kNorms = 6;         // norm slots at the head of `w`
-constexpr int kMetaFixed = 7;     // meta entries before the per-linear (bits, group)
+constexpr int kMetaFixed = 7;     // meta entries before the per-linear (bits, group, int8)
+constexpr int kMetaLinear = 3;    // meta entries per linear
 
 struct Linear {
   at::Tensor codes, scale, offset;
-  int64_t bits, group;
-  at::Tensor operator()(const at::Tensor& x) const { return qlinear(x, codes, scale, offset, bits, group); }
+  int64_t bits, group, int8;
+  at::Tensor operator()(const at::Tensor& x) const {
+    return int8 ? qlinear_q8(x, codes, scale, offset, bits, group) : qlinear(x, codes, scale, offset, bits, group);
+  }
 };
 
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * (offset + w[i]); out may alias x.
@@ -145,9 +151,9 @@ std::vector<at::Tensor> decode_layer(at::Tensor x, std::vector<at::Tensor> w, st
   const int64_t n_lin = n_qkv + 1 + n_gu + 1;
   TORCH_CHECK((n_qkv == 1 || n_qkv == 3) && (n_gu == 1 || n_gu == 2) && (act == 0 || act == 1),
               "decode_layer: n_qkv must be 1 or 3, n_gu 1 or 2, act 0 or 1");
-  TORCH_CHECK(static_cast<int64_t>(meta.size()) == kMetaFixed + 2 * n_lin &&
+  TORCH_CHECK(static_cast<int64_t>(meta.size()) == kMetaFixed + kMetaLinear * n_lin &&
                   static_cast<int64_t>(w.size()) == kNorms + 3 * n_lin,
-              "decode_layer: w must hold ", kNorms + 3 * n_lin, " tensors and meta ", kMetaFixed + 2 * n_lin,
+              "decode_layer: w must hold ", kNorms + 3 * n_lin, " tensors and meta ", kMetaFixed + kMetaLinear * n_lin,
               " entries");
   TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "decode_layer: x must be contiguous float32 [1, dim]");
@@ -172,8 +178,9 @@ std::vector<at::Tensor> decode_layer(at::Tensor x, std::vector<at::Tensor> w, st
                 "decode_layer: norm weights must be contiguous float32");
   std::vector<Linear> lin;
   for (int64_t j = 0; j < n_lin; ++j)
-    lin.push_back({w[kNorms + 3 * j], w[kNorms + 3 * j + 1], w[kNorms + 3 * j + 2], meta[kMetaFixed + 2 * j],
-                   meta[kMetaFixed + 2 * j + 1]});
+    lin.push_back({w[kNorms + 3 * j], w[kNorms + 3 * j + 1], w[kNorms + 3 * j + 2],
+                   meta[kMetaFixed + kMetaLinear * j], meta[kMetaFixed + kMetaLinear * j + 1],
+                   meta[kMetaFixed + kMetaLinear * j + 2]});
   const float eps = static_cast<float>(fmeta[0]), noff = static_cast<float>(fmeta[1]),
               gain = static_cast<float>(fmeta[2]);
   const float* xp = x.data_ptr<float>();

@@ -30,14 +30,30 @@
 // The same bits at any thread count and for any instruction set (simd.h's rules).
 //
 // qdequant writes W as float32 [N, K] with the same fma.
+//
+// qlinear_q8 takes x quantised to int8 first, as llama.cpp's own dot products do: per 32 values of a row of x,
+// d = max|x| / 127 and q = nearbyint(x * (1 / d)) (0 where d = 0), so |q| <= 127 (ggml rounds d to float16; here
+// it stays float32). Then per output row n and 32 weights p (one x block):
+//   8-bit codes (G = 32, no offset: GGUF's Q8_0):
+//     lane j of dot = sum over i < 4 of code[32 p + 4 j + i] * q[32 p + 4 j + i]      8 int32 lanes, exact
+//     acc[p % 2][j] = fma(float(lane j), scale[n, p] * d[p], acc[p % 2][j])
+//     y[m, n] = the 8-lane sum of acc[0] + acc[1] (a fixed tree)
+//   4-, 5- and 6-bit codes (rows_q8u): the same lanes over u = code + bias (unsigned, bias 0, 16, 32), each lane
+//     scaled by its own group's scale (G = 16: lanes 0..3 and 4..7), plus per group (offset - scale bias) d sum q
+//     in one float per row; y = the lane sum + that.
+// On AVX2 the lanes are maddubs(u8, q) summed in pairs by madd (8-bit codes: u8 = |code|, q with code's sign; at
+// most 2 * 128 * 127, no int16 saturation); with AVX-512 VNNI or AVX-VNNI, dpbusd; elsewhere plain loops. Every lane
+// is exact and the float steps are the same, so the bits are too, on every instruction set and at any thread count.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "simd.h"
 
@@ -165,6 +181,278 @@ void dequant_rows(const QWeight& w, float* out, int64_t n0, int64_t n1) {
   }
 }
 
+// ---- int8 activations (qlinear_q8) ------------------------------------------------------------------------
+constexpr int kQ8 = 32;   // values of x per int8 scale
+
+// Row x [K] -> q [K] int8 and d [K / 32] (file comment). False if x holds a value that is not finite.
+bool quantize_q8(const float* x, int64_t K, int8_t* q, float* d) {
+  bool finite = true;
+  for (int64_t b = 0; b < K / kQ8; ++b) {
+    const float* xb = x + b * kQ8;
+    float amax = 0.0f;
+    for (int i = 0; i < kQ8; ++i) {
+      finite = finite && std::isfinite(xb[i]);
+      amax = std::max(amax, std::fabs(xb[i]));
+    }
+    const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+    d[b] = db;
+    for (int i = 0; i < kQ8; ++i)
+      q[b * kQ8 + i] = finite ? static_cast<int8_t>(std::nearbyint(xb[i] * id)) : 0;
+  }
+  return finite;
+}
+
+#if SPARSEKV_AVX512 || SPARSEKV_AVX2
+struct Lanes8 {
+  __m256 v;
+};
+inline Lanes8 lanes_zero() { return {_mm256_setzero_ps()}; }
+// acc + float(dot of 32 codes w with 32 activations q, in 8 lanes) * s
+inline Lanes8 dot_fma(const int8_t* w, const int8_t* q, float s, Lanes8 acc) {
+  const __m256i cw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i aw = _mm256_sign_epi8(cw, cw);                                     // |code| as uint8
+  const __m256i sq = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), cw);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sq);
+#elif defined(__AVXVNNI__)
+  const __m256i dot = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sq);
+#else
+  const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sq), _mm256_set1_epi16(1));
+#endif
+  return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s), acc.v)};
+}
+// The 32 codes of pair p of a row (r: its bytes) as unsigned bytes u = nibble + 16 * high bits, 0 .. 2^Bits - 1,
+// in element order (code = u - 2^(Bits - 1) for bits 5 and 6, = u for bits 4).
+struct U32 {
+  __m256i v;
+};
+template <int Bits>
+inline U32 pair_u8(const uint8_t* r, int64_t K, int64_t p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + p * 16));
+  const __m128i nib = _mm_set1_epi8(0x0F);
+  __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), nib), _mm_and_si128(b, nib));
+  if constexpr (Bits == 5) {            // bit i of the pair's 32-bit mask -> 16 in byte i
+    uint16_t h[2];
+    std::memcpy(h, r + K / 2 + p * 4, sizeof h);
+    const uint32_t m = h[0] | (static_cast<uint32_t>(h[1]) << 16);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    u = _mm256_add_epi8(u, _mm256_and_si256(on, _mm256_set1_epi8(16)));
+  }
+  if constexpr (Bits == 6) {            // the 2-bit field of element i (bits 2i, 2i + 1 of its word) -> 16, 32
+    uint32_t h[2];
+    std::memcpy(h, r + K / 2 + p * 8, sizeof h);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_setr_epi32(static_cast<int>(h[0]), 0, 0, 0,
+                                                                  static_cast<int>(h[1]), 0, 0, 0),
+        _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    const __m256i lo = _mm256_set1_epi32(0x40100401), hi = _mm256_set1_epi32(static_cast<int>(0x80200802u));
+    const __m256i on_lo = _mm256_cmpeq_epi8(_mm256_and_si256(spread, lo), lo);
+    const __m256i on_hi = _mm256_cmpeq_epi8(_mm256_and_si256(spread, hi), hi);
+    u = _mm256_add_epi8(u, _mm256_or_si256(_mm256_and_si256(on_lo, _mm256_set1_epi8(16)),
+                                           _mm256_and_si256(on_hi, _mm256_set1_epi8(32))));
+  }
+  return {u};
+}
+// [a, a, a, a, b, b, b, b]
+inline Lanes8 lanes_pair(float a, float b) { return {_mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a))}; }
+// acc + float(dot of the unsigned codes u with 32 activations q, in 8 lanes) * s (per lane)
+inline Lanes8 dot_u_fma(U32 u, const int8_t* q, Lanes8 s, Lanes8 acc) {
+  const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u.v, qv);
+#elif defined(__AVXVNNI__)
+  const __m256i dot = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u.v, qv);
+#else
+  const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u.v, qv), _mm256_set1_epi16(1));   // <= 2 * 63 * 127
+#endif
+  return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s.v, acc.v)};
+}
+inline float lanes_sum(Lanes8 a, Lanes8 b) {
+  const __m256 s = _mm256_add_ps(a.v, b.v);
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));   // j + (j + 4)
+  const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));                                   // (0 + 2), (1 + 3)
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+#else
+struct Lanes8 {
+  float v[8];
+};
+inline Lanes8 lanes_zero() { return {}; }
+inline Lanes8 dot_fma(const int8_t* w, const int8_t* q, float s, Lanes8 acc) {
+  for (int j = 0; j < 8; ++j) {
+    int32_t dot = 0;
+    for (int i = 0; i < 4; ++i) dot += static_cast<int32_t>(w[4 * j + i]) * q[4 * j + i];
+    acc.v[j] = std::fma(static_cast<float>(dot), s, acc.v[j]);
+  }
+  return acc;
+}
+struct U32 {
+  uint8_t v[32];
+};
+template <int Bits>
+inline U32 pair_u8(const uint8_t* r, int64_t K, int64_t p) {
+  U32 u;
+  for (int j = 0; j < 16; ++j) u.v[j] = r[p * 16 + j] & 0x0F, u.v[16 + j] = r[p * 16 + j] >> 4;
+  if constexpr (Bits == 5) {
+    uint16_t h[2];
+    std::memcpy(h, r + K / 2 + p * 4, sizeof h);
+    for (int i = 0; i < 32; ++i) u.v[i] += 16 * ((h[i / 16] >> (i % 16)) & 1);
+  }
+  if constexpr (Bits == 6) {
+    uint32_t h[2];
+    std::memcpy(h, r + K / 2 + p * 8, sizeof h);
+    for (int i = 0; i < 32; ++i) u.v[i] += 16 * ((h[i / 16] >> (2 * (i % 16))) & 3);
+  }
+  return u;
+}
+inline Lanes8 lanes_pair(float a, float b) { return {{a, a, a, a, b, b, b, b}}; }
+inline Lanes8 dot_u_fma(const U32& u, const int8_t* q, Lanes8 s, Lanes8 acc) {
+  for (int j = 0; j < 8; ++j) {
+    int32_t dot = 0;
+    for (int i = 0; i < 4; ++i) dot += static_cast<int32_t>(u.v[4 * j + i]) * q[4 * j + i];
+    acc.v[j] = std::fma(static_cast<float>(dot), s.v[j], acc.v[j]);
+  }
+  return acc;
+}
+inline float lanes_sum(Lanes8 a, Lanes8 b) {
+  float s[8];
+  for (int j = 0; j < 8; ++j) s[j] = a.v[j] + b.v[j];
+  float h[4];
+  for (int j = 0; j < 4; ++j) h[j] = s[j] + s[j + 4];
+  return (h[0] + h[2]) + (h[1] + h[3]);
+}
+#endif
+
+// Scales of groups [g0, g0 + n) of row `row` as float32 (exact from every form); float16 ones 8 at a time (F16C).
+inline void row_scales(const Table& t, int64_t row, int64_t g0, int n, float* out) {
+  int i = 0;
+#if SPARSEKV_AVX512 || SPARSEKV_AVX2
+  if (t.half != nullptr)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                    reinterpret_cast<const __m128i*>(t.half + row * t.row + g0 + i))));
+#endif
+  for (; i < n; ++i) out[i] = t.at(row, g0 + i);
+}
+
+constexpr int kScaleChunk = 64;   // groups whose scales are widened at once
+
+#if SPARSEKV_AVX512 && defined(__AVX512VNNI__)
+#define SPARSEKV_Q8_ZMM 1
+// Two groups per zmm: lanes 0..7 hold group g's 8 lanes, 8..15 group g + 1's, so the low half accumulates the even
+// groups and the high half the odd ones, as acc[0] and acc[1] do on the other paths. dpbusd multiplies unsigned
+// by signed bytes: with u = code + 128 (code ^ 0x80), lane j = sum (code + 128) q - 128 sum q, and q4x128[j] =
+// 128 sum_{i<4} q[4 j + i] is precomputed per row of x; every lane is the same integer as on the other paths.
+template <int M>
+void rows_q8_zmm(const QWeight& w, const int8_t* q, const int32_t* q4x128, const float* d, float* y, int64_t ldy,
+                 int64_t n0, int64_t n1) {
+  const int64_t groups = w.K / kQ8;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  float s[kScaleChunk];
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* r = reinterpret_cast<const int8_t*>(w.codes + n * w.row_bytes);
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    Lanes8 tail[M];
+    for (int m = 0; m < M; ++m) tail[m] = lanes_zero();
+    for (int64_t c = 0; c < groups; c += kScaleChunk) {
+      const int len = static_cast<int>(std::min<int64_t>(kScaleChunk, groups - c));
+      row_scales(w.scale, n, c, len, s);
+      int i = 0;
+      for (; i + 2 <= len; i += 2) {
+        const int64_t g = c + i;
+        const __m512i u = _mm512_xor_si512(_mm512_loadu_si512(r + g * kQ8), flip);
+        for (int m = 0; m < M; ++m) {
+          const __m512i qv = _mm512_loadu_si512(q + m * w.K + g * kQ8);
+          const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, qv),
+                                               _mm512_loadu_si512(q4x128 + m * (w.K / 4) + g * 8));
+          const __m512 sv = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[i] * d[m * groups + g]),
+                                                 _mm512_set1_ps(s[i + 1] * d[m * groups + g + 1]));
+          acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sv, acc[m]);
+        }
+      }
+      if (i < len) {                      // an odd group count: the last (even) group into the low half
+        const int64_t g = c + i;
+        for (int m = 0; m < M; ++m)
+          tail[m] = dot_fma(r + g * kQ8, q + m * w.K + g * kQ8, s[i] * d[m * groups + g],
+                            {_mm512_castps512_ps256(acc[m])});
+        for (int m = 0; m < M; ++m)
+          acc[m] = _mm512_insertf32x8(acc[m], tail[m].v, 0);
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      y[m * ldy + n] = lanes_sum({_mm512_castps512_ps256(acc[m])}, {_mm512_extractf32x8_ps(acc[m], 1)});
+  }
+}
+#else
+#define SPARSEKV_Q8_ZMM 0
+#endif
+
+template <int M>
+void rows_q8(const QWeight& w, const int8_t* q, const float* d, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  const int64_t groups = w.K / kQ8;
+  float s[kScaleChunk];
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* r = reinterpret_cast<const int8_t*>(w.codes + n * w.row_bytes);
+    Lanes8 acc[M][2];
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = lanes_zero();
+    for (int64_t c = 0; c < groups; c += kScaleChunk) {
+      const int len = static_cast<int>(std::min<int64_t>(kScaleChunk, groups - c));
+      row_scales(w.scale, n, c, len, s);
+      for (int i = 0; i < len; ++i) {
+        const int64_t g = c + i;
+        for (int m = 0; m < M; ++m)
+          acc[m][g & 1] = dot_fma(r + g * kQ8, q + m * w.K + g * kQ8, s[i] * d[m * groups + g], acc[m][g & 1]);
+      }
+    }
+    for (int m = 0; m < M; ++m) y[m * ldy + n] = lanes_sum(acc[m][0], acc[m][1]);
+  }
+}
+
+// Unsigned codes (bits 4, 5, 6; group 16 or 32; an offset or none): with u = code + bias (bias 0, 16, 32) and
+// w = scale code + offset = scale u + (offset - scale bias), a group's part of y is
+//   d (scale sum u q) + (offset - scale bias) d sum q,
+// the first in the 8 lanes as the 8-bit path (group 16: lanes 0..3 one group, 4..7 the next), the second a scalar
+// per row summed in group order; q16 holds each 16 values' sum of q. y = lanes_sum + that scalar.
+template <int M, int Bits>
+void rows_q8u(const QWeight& w, const int8_t* q, const int32_t* q16, const float* d, float* y, int64_t ldy,
+              int64_t n0, int64_t n1) {
+  const int64_t pairs = w.K / 32, groups = w.K / w.group, per = 32 / w.group;   // groups per pair: 1 or 2
+  const float bias = Bits == 4 ? 0.0f : static_cast<float>(1 << (Bits - 1));
+  float s[kScaleChunk], o[kScaleChunk];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* r = w.codes + n * w.row_bytes;
+    Lanes8 acc[M][2];
+    float corr[M];
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = lanes_zero(), corr[m] = 0.0f;
+    for (int64_t c = 0; c < groups; c += kScaleChunk) {           // kScaleChunk groups: whole pairs
+      const int len = static_cast<int>(std::min<int64_t>(kScaleChunk, groups - c));
+      row_scales(w.scale, n, c, len, s);
+      if (!w.offset.empty()) row_scales(w.offset, n, c, len, o);
+      else std::fill(o, o + len, 0.0f);
+      for (int i = 0; i < len; i += static_cast<int>(per)) {
+        const int64_t g = c + i, p = g / per;
+        const U32 u = pair_u8<Bits>(r, w.K, p);
+        const float s0 = s[i], s1 = per == 2 ? s[i + 1] : s[i];
+        for (int m = 0; m < M; ++m) {
+          const float dm = d[m * pairs + p];
+          acc[m][p & 1] = dot_u_fma(u, q + m * w.K + p * 32, lanes_pair(s0 * dm, s1 * dm), acc[m][p & 1]);
+          const int32_t* qs = q16 + m * (w.K / 16) + 2 * p;
+          if (per == 2) {
+            corr[m] = std::fma(o[i] - s0 * bias, dm * static_cast<float>(qs[0]), corr[m]);
+            corr[m] = std::fma(o[i + 1] - s1 * bias, dm * static_cast<float>(qs[1]), corr[m]);
+          } else {
+            corr[m] = std::fma(o[i] - s0 * bias, dm * static_cast<float>(qs[0] + qs[1]), corr[m]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m) y[m * ldy + n] = lanes_sum(acc[m][0], acc[m][1]) + corr[m];
+  }
+}
+
 Table table(const at::Tensor& t, const char* name, int64_t N, int64_t K, int64_t group) {
   Table tab;
   tab.groups = K / group;
@@ -246,4 +534,92 @@ at::Tensor qdequant(at::Tensor codes, at::Tensor scale, at::Tensor offset, int64
     }
   });
   return out;
+}
+
+// y [M, N] = q8(x) W^T for 8-bit codes in groups of 32 with no offset (file comment); x float32 [M, K], finite.
+at::Tensor qlinear_q8(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits,
+                      int64_t group) {
+  TORCH_CHECK(bits != 8 || (group == 32 && offset.numel() == 0),
+              "qlinear_q8: 8-bit codes need groups of 32 and no offset (GGUF's Q8_0), got group ", group,
+              " and an offset of ", offset.numel(), " values");
+  const QWeight w = check(codes, scale, offset, bits, group);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == w.K,
+              "qlinear_q8: x must be float32 [M, K] with K = ", w.K);
+  x = x.contiguous();
+  const int64_t M = x.size(0), groups = w.K / kQ8;
+  at::Tensor q = at::empty({M, w.K}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({M, groups}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* dp = d.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    TORCH_CHECK(quantize_q8(xp + m * w.K, w.K, qp + m * w.K, dp + m * groups),
+                "qlinear_q8: x must be finite (row ", m, " is not)");
+  at::Tensor y = at::empty({M, w.N}, x.options());
+  float* yp = y.data_ptr<float>();
+  if (bits != 8) {
+    std::vector<int32_t> q16(M * w.K / 16);       // each 16 values' sum of q
+    for (int64_t j = 0; j < M * w.K / 16; ++j) {
+      int32_t t = 0;
+      for (int i = 0; i < 16; ++i) t += qp[16 * j + i];
+      q16[j] = t;
+    }
+    const int32_t* q16p = q16.data();
+    at::parallel_for(0, w.N, kGrainRows, [&](int64_t n0, int64_t n1) {
+      for (int64_t m = 0; m < M; m += kBatch) {
+        const int8_t* qm = qp + m * w.K;
+        const int32_t* sm = q16p + m * (w.K / 16);
+        const float* dm = dp + m * groups;
+        float* ym = yp + m * w.N;
+        const int b = static_cast<int>(std::min<int64_t>(kBatch, M - m));
+        switch (w.bits * 8 + b) {
+#define SPARSEKV_Q8U(BITS, B) case BITS * 8 + B: rows_q8u<B, BITS>(w, qm, sm, dm, ym, w.N, n0, n1); break;
+          SPARSEKV_Q8U(4, 1) SPARSEKV_Q8U(4, 2) SPARSEKV_Q8U(4, 3) SPARSEKV_Q8U(4, 4)
+          SPARSEKV_Q8U(5, 1) SPARSEKV_Q8U(5, 2) SPARSEKV_Q8U(5, 3) SPARSEKV_Q8U(5, 4)
+          SPARSEKV_Q8U(6, 1) SPARSEKV_Q8U(6, 2) SPARSEKV_Q8U(6, 3) SPARSEKV_Q8U(6, 4)
+#undef SPARSEKV_Q8U
+        }
+      }
+    });
+    return y;
+  }
+#if SPARSEKV_Q8_ZMM
+  std::vector<int32_t> q4(M * w.K / 4);          // 128 times each 4 consecutive q's sum (rows_q8_zmm)
+  for (int64_t j = 0; j < M * w.K / 4; ++j)
+    q4[j] = 128 * (static_cast<int32_t>(qp[4 * j]) + qp[4 * j + 1] + qp[4 * j + 2] + qp[4 * j + 3]);
+  const int32_t* q4p = q4.data();
+#define SPARSEKV_Q8_ROWS(B) rows_q8_zmm<B>(w, qm, q4p + m * (w.K / 4), dm, ym, w.N, n0, n1)
+#else
+#define SPARSEKV_Q8_ROWS(B) rows_q8<B>(w, qm, dm, ym, w.N, n0, n1)
+#endif
+  at::parallel_for(0, w.N, kGrainRows, [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; m += kBatch) {
+      const int8_t* qm = qp + m * w.K;
+      const float* dm = dp + m * groups;
+      float* ym = yp + m * w.N;
+      switch (std::min<int64_t>(kBatch, M - m)) {
+        case 1: SPARSEKV_Q8_ROWS(1); break;
+        case 2: SPARSEKV_Q8_ROWS(2); break;
+        case 3: SPARSEKV_Q8_ROWS(3); break;
+        default: SPARSEKV_Q8_ROWS(4); break;
+      }
+    }
+  });
+#undef SPARSEKV_Q8_ROWS
+  return y;
+}
+
+// x [M, K] (K a multiple of 32) -> (q int8 [M, K], d float32 [M, K / 32]): qlinear_q8's activations, for tests.
+std::vector<at::Tensor> quantize_q8_rows(at::Tensor x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) % kQ8 == 0,
+              "quantize_q8: x must be float32 [M, K] with K a multiple of 32");
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({M, K / kQ8}, x.options());
+  for (int64_t m = 0; m < M; ++m)
+    TORCH_CHECK(quantize_q8(x.data_ptr<float>() + m * K, K, q.data_ptr<int8_t>() + m * K,
+                            d.data_ptr<float>() + m * (K / kQ8)),
+                "quantize_q8: x must be finite (row ", m, " is not)");
+  return {q, d};
 }

@@ -11,6 +11,9 @@ std::vector<at::Tensor> route_topk(at::Tensor q, at::Tensor a, at::Tensor b, at:
                                       int64_t kind, int64_t top_k, int64_t sink, int64_t local);
 at::Tensor qlinear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits,
                    int64_t group);
+at::Tensor qlinear_q8(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits,
+                      int64_t group);
+std::vector<at::Tensor> quantize_q8_rows(at::Tensor x);
 at::Tensor qdequant(at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits, int64_t group);
 std::vector<at::Tensor> decode_layer(at::Tensor x, std::vector<at::Tensor> w, std::vector<int64_t> meta,
                                      std::vector<double> fmeta, at::Tensor cos, at::Tensor sin, at::Tensor k_pool,
@@ -26,6 +29,8 @@ TORCH_LIBRARY(sparsekv_cpu, lib) {
   lib.def("route_topk(Tensor q, Tensor a, Tensor b, Tensor table, int kind, int top_k, int sink, int local) "
           "-> Tensor[]");
   lib.def("qlinear(Tensor x, Tensor codes, Tensor scale, Tensor offset, int bits, int group) -> Tensor");
+  lib.def("qlinear_q8(Tensor x, Tensor codes, Tensor scale, Tensor offset, int bits, int group) -> Tensor");
+  lib.def("quantize_q8(Tensor x) -> Tensor[]");
   lib.def("qdequant(Tensor codes, Tensor scale, Tensor offset, int bits, int group) -> Tensor");
   lib.def("decode_layer(Tensor x, Tensor[] w, int[] meta, float[] fmeta, Tensor cos, Tensor sin, Tensor(a!) k, "
           "Tensor(b!) v, Tensor(c!)[] sums, int[] kinds, Tensor table, Tensor blocks, int block, int row, "
@@ -37,6 +42,8 @@ TORCH_LIBRARY_IMPL(sparsekv_cpu, CPU, lib) {
   lib.impl("minmax_scores", &minmax_scores);
   lib.impl("route_topk", &route_topk);
   lib.impl("qlinear", &qlinear);
+  lib.impl("qlinear_q8", &qlinear_q8);
+  lib.impl("quantize_q8", &quantize_q8_rows);
   lib.impl("qdequant", &qdequant);
   lib.impl("decode_layer", &decode_layer);
 }

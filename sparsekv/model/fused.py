@@ -32,6 +32,7 @@ from ..core.traffic import INDEX_BYTES, StepTraffic, attention_traffic
 from ..kernels.cpu_decode import splits_for
 from ..storage.hybrid import HybridStore
 from ..storage.store import BlockStore, Sequence
+from . import quant
 from .model import Model
 
 _ACT = {"silu": 0, "gelu_tanh": 1}
@@ -90,6 +91,7 @@ class FusedDecode:
         self._subs = store.stores if isinstance(store, HybridStore) else [store]
         self._windows = store.group_windows if isinstance(store, HybridStore) else (0,)
         self._layers = []
+        self._int8 = []                         # (meta, index of a linear's int8 flag, its QuantLinear): _rebind
         empty = torch.zeros(0)
         for j, layer in enumerate(model.layers):
             gi, jj = store.group_of(j) if isinstance(store, HybridStore) else (0, j)
@@ -105,7 +107,8 @@ class FusedDecode:
             meta = [c.n_heads, c.n_kv_heads, c.head_dim, len(qkv), len(gu), int(layer.sandwich), _ACT[c.hidden_act]]
             for p in qkv + [a.o_proj] + gu + [m.down_proj]:
                 w += [p.codes, p.scale, p.offset]
-                meta += [p.bits, p.group]
+                meta += [p.bits, p.group, int(p.int8_activations)]
+                self._int8.append((meta, len(meta) - 1, p))
             fmeta = [float(c.norm_eps), float(c.norm_offset), float(a.q_gain) if a.q_gain is not None else 0.0]
             names = list(sub.config.summaries)
             pools = (sub.k[jj].transpose(0, 1), sub.v[jj].transpose(0, 1))              # [H, NB, bs, D] views
@@ -116,6 +119,13 @@ class FusedDecode:
         self._per_group = [sum(1 for lay in self._layers if lay[-2] == gi) for gi in range(len(self._subs))]
         self._n_global = self._per_group[0]
         self._has_minmax = {"kmin", "kmax"} <= set(self._subs[0].config.summaries)
+        self._epoch = quant.activation_epoch()
+
+    def _rebind(self) -> None:
+        """Each linear's int8 flag from its QuantLinear again (after a `quant.set_activations`)."""
+        for meta, i, p in self._int8:
+            meta[i] = int(p.int8_activations)
+        self._epoch = quant.activation_epoch()
 
     def applies(self, router, dense_layers: int, batch: int, record: bool, prefetch: int) -> bool:
         """Whether a step with these settings is in scope (see the module docstring)."""
@@ -133,6 +143,8 @@ class FusedDecode:
         summaries, attends (dense, windowed, or routed from global layer `dense_layers` on), and returns
         (logits [1, vocab] float32, the step's StepTraffic summed over layers, the (kv head, block) tiles read)."""
         model = self.model
+        if quant.activation_epoch() != self._epoch:
+            self._rebind()
         Hq = model.config.n_heads
         x = model.embed(torch.tensor([token]))                                          # [1, dim]
         pos = torch.tensor([res.start])

@@ -41,6 +41,11 @@ held as 8-bit codes, 9 bits (6).
 prefill chunk, dequantises the weight to float32 once per call and multiplies through MKL: prefill costs a
 dequantisation per chunk (a few milliseconds), decode reads only the codes. The float32 mode
 (`weights="float32"`) stays the parity reference.
+
+Activations (`load_model(..., activations="int8")`, `set_activations`): a decode row of x can be quantised to int8
+per 32 values and multiplied in integers (`kernels/cpu/qlinear.cpp`'s qlinear_q8), as llama.cpp's dot products
+always do; each output then moves by at most sum_k |w_k| d_k / 2 (d: the step of x's block), which
+tests/test_quant.py checks on SmolLM2's own states.
 """
 from __future__ import annotations
 
@@ -52,7 +57,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..core.checks import check_choice
+
 DECODE_ROWS = 16          # at most this many rows of x go through the kernel; more are a prefill chunk (MKL)
+ACTIVATIONS = ("float32", "int8")   # what a decode row of x is multiplied as (QuantLinear.activations)
+_EPOCH = [0]                        # bumped by every set_activations, so a fused step can rebind (activation_epoch)
+
+
+def activation_epoch() -> int:
+    """A count of QuantLinear.set_activations calls: a cached copy of the flags is stale when this moved."""
+    return _EPOCH[0]
 
 
 @dataclass
@@ -237,10 +251,15 @@ class QuantLinear(nn.Module):
 
     Rows of x up to DECODE_ROWS: the kernel (`kernels.cpu_decode.qlinear`, reads the codes in place); more: W
     dequantised once (`qdequant`) and torch's matmul. Without the compiled kernels, both run on `dequantize`.
+    activations "int8": a decode row of x is quantised to int8 per 32 values and multiplied in integers
+    (`cpu_decode.qlinear_q8`), as llama.cpp's dot products are, for every layout but 8-bit codes in groups of 16 or
+    with an offset (no GGUF format here makes them); those, prefill chunks and a build without the kernels keep
+    float32 activations.
     """
 
-    def __init__(self, w: QuantWeight, bias: torch.Tensor | None = None):
+    def __init__(self, w: QuantWeight, bias: torch.Tensor | None = None, activations: str = "float32"):
         super().__init__()
+        check_choice("activations", activations, ACTIVATIONS)
         self.out_features, self.in_features = w.shape
         self.bits, self.group, self.source = w.bits, w.group, w.source
         self.register_buffer("codes", w.codes)
@@ -249,8 +268,20 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
         from ..kernels import cpu_decode
         ok = cpu_decode.available()
-        self._op = torch.ops.sparsekv_cpu.qlinear if ok else None          # bound once: no lookup per call
         self._dequant = torch.ops.sparsekv_cpu.qdequant if ok else None
+        self.set_activations(activations)
+
+    def set_activations(self, activations: str) -> None:
+        """Bind the decode rows' kernel once: int8 activations where this layout has them (class docstring)."""
+        check_choice("activations", activations, ACTIVATIONS)
+        from ..kernels import cpu_decode
+        ok = cpu_decode.available()
+        self.activations = activations
+        fits = self.bits != 8 or (self.group == 32 and self.offset.numel() == 0)      # 8 bits: Q8_0's layout only
+        q8 = ok and activations == "int8" and fits
+        self.int8_activations = q8
+        self._op = (torch.ops.sparsekv_cpu.qlinear_q8 if q8 else torch.ops.sparsekv_cpu.qlinear) if ok else None
+        _EPOCH[0] += 1
 
     @property
     def weight_q(self) -> QuantWeight:
@@ -274,7 +305,9 @@ class QuantLinear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features} -> {self.out_features}, {self.source} as {self.bits}-bit codes, group {self.group}"
+        act = ", int8 activations" if self.int8_activations else ""
+        return (f"{self.in_features} -> {self.out_features}, {self.source} as {self.bits}-bit codes, group "
+                f"{self.group}{act}")
 
 
 class QuantEmbedding(nn.Module):
@@ -297,12 +330,13 @@ def fuse(parts: list[QuantLinear]) -> QuantLinear | None:
     usable. None when the layouts differ (then nothing changes)."""
     first = parts[0]
     key = lambda p: (p.in_features, p.bits, p.group, p.scale.dtype, p.offset.numel() > 0, p.offset.dtype,  # noqa
-                     p.bias is None)
+                     p.bias is None, p.activations)
     if any(key(p) != key(first) for p in parts) or first.bias is not None:
         return None
     offset = torch.cat([p.offset for p in parts]) if first.offset.numel() else torch.zeros(0)
     fused = QuantLinear(QuantWeight(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), offset,
-                                    first.bits, first.group, "+".join(p.source for p in parts)))
+                                    first.bits, first.group, "+".join(p.source for p in parts)),
+                        activations=first.activations)
     start = 0
     for p in parts:
         rows = slice(start, start + p.out_features)
@@ -370,6 +404,16 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path) -> nn.Module:
             attn.qkv_proj = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
         if isinstance(mlp.gate_proj, QuantLinear) and isinstance(mlp.up_proj, QuantLinear):
             mlp.gate_up_proj = fuse([mlp.gate_proj, mlp.up_proj])
+    return model
+
+
+def set_activations(model: nn.Module, activations: str) -> nn.Module:
+    """Every QuantLinear of `model` multiplies its decode rows as `activations` ("float32" or "int8": see
+    QuantLinear). Returns the model."""
+    check_choice("activations", activations, ACTIVATIONS)
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            m.set_activations(activations)
     return model
 
 
