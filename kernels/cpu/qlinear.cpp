@@ -355,8 +355,6 @@ void rows_q8_zmm(const QWeight& w, const int8_t* q, const int32_t* q4x128, const
     const int8_t* r = reinterpret_cast<const int8_t*>(w.codes + n * w.row_bytes);
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    Lanes8 tail[M];
-    for (int m = 0; m < M; ++m) tail[m] = lanes_zero();
     for (int64_t c = 0; c < groups; c += kScaleChunk) {
       const int len = static_cast<int>(std::min<int64_t>(kScaleChunk, groups - c));
       row_scales(w.scale, n, c, len, s);
@@ -375,11 +373,11 @@ void rows_q8_zmm(const QWeight& w, const int8_t* q, const int32_t* q4x128, const
       }
       if (i < len) {                      // an odd group count: the last (even) group into the low half
         const int64_t g = c + i;
-        for (int m = 0; m < M; ++m)
-          tail[m] = dot_fma(r + g * kQ8, q + m * w.K + g * kQ8, s[i] * d[m * groups + g],
-                            {_mm512_castps512_ps256(acc[m])});
-        for (int m = 0; m < M; ++m)
-          acc[m] = _mm512_insertf32x8(acc[m], tail[m].v, 0);
+        for (int m = 0; m < M; ++m) {
+          const Lanes8 low = dot_fma(r + g * kQ8, q + m * w.K + g * kQ8, s[i] * d[m * groups + g],
+                                     {_mm512_castps512_ps256(acc[m])});
+          acc[m] = _mm512_insertf32x8(acc[m], low.v, 0);
+        }
       }
     }
     for (int m = 0; m < M; ++m)

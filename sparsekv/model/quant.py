@@ -259,7 +259,6 @@ class QuantLinear(nn.Module):
 
     def __init__(self, w: QuantWeight, bias: torch.Tensor | None = None, activations: str = "float32"):
         super().__init__()
-        check_choice("activations", activations, ACTIVATIONS)
         self.out_features, self.in_features = w.shape
         self.bits, self.group, self.source = w.bits, w.group, w.source
         self.register_buffer("codes", w.codes)
@@ -267,20 +266,19 @@ class QuantLinear(nn.Module):
         self.register_buffer("offset", w.offset)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
         from ..kernels import cpu_decode
-        ok = cpu_decode.available()
-        self._dequant = torch.ops.sparsekv_cpu.qdequant if ok else None
+        self._kernels = cpu_decode.available()                              # checked once per module
+        self._dequant = torch.ops.sparsekv_cpu.qdequant if self._kernels else None
         self.set_activations(activations)
 
     def set_activations(self, activations: str) -> None:
         """Bind the decode rows' kernel once: int8 activations where this layout has them (class docstring)."""
         check_choice("activations", activations, ACTIVATIONS)
-        from ..kernels import cpu_decode
-        ok = cpu_decode.available()
         self.activations = activations
         fits = self.bits != 8 or (self.group == 32 and self.offset.numel() == 0)      # 8 bits: Q8_0's layout only
-        q8 = ok and activations == "int8" and fits
+        q8 = self._kernels and activations == "int8" and fits
         self.int8_activations = q8
-        self._op = (torch.ops.sparsekv_cpu.qlinear_q8 if q8 else torch.ops.sparsekv_cpu.qlinear) if ok else None
+        ops = torch.ops.sparsekv_cpu
+        self._op = (ops.qlinear_q8 if q8 else ops.qlinear) if self._kernels else None
         _EPOCH[0] += 1
 
     @property
