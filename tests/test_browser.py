@@ -97,6 +97,14 @@ class Lab:
                 time.sleep(0.5)
         raise TimeoutError(f"jupyter lab did not answer in {timeout}s; see {self.log.name}")
 
+    def shutdown_kernels(self) -> None:
+        """Stop every running kernel (the explorer just driven), so the next one has the cores to itself."""
+        with urllib.request.urlopen(self.url("api/kernels"), timeout=30) as r:
+            kernels = json.loads(r.read())
+        for k in kernels:
+            req = urllib.request.Request(self.url(f"api/kernels/{k['id']}"), method="DELETE")
+            urllib.request.urlopen(req, timeout=30).close()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -131,6 +139,7 @@ def test_explorers_render_and_respond_in_jupyterlab(tmp_path):
         browser = webdriver.Chrome(service=Service(driver_path), options=opts)
         for stem in stems:
             _drive(browser, lab, stem, By, Select, WebDriverWait)
+            lab.shutdown_kernels()
     finally:
         if browser is not None:
             browser.quit()
@@ -138,9 +147,18 @@ def test_explorers_render_and_respond_in_jupyterlab(tmp_path):
     assert lab.proc.poll() is not None
 
 
+# The current tab's notebook panel, read in one script: the tab bar and the status bar re-render while they are polled
+_PANEL_JS = ("const tab = document.querySelector('#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current');"
+             "const panel = tab ? document.getElementById(tab.getAttribute('data-id')) : null;")
+
+
 def _drive(browser, lab, stem, By, Select, WebDriverWait):
     from selenium.common.exceptions import StaleElementReferenceException
-    browser.get(lab.url(f"lab/tree/{stem}.ipynb"))
+    # Each explorer opens in a workspace of its own, reset, so the page holds this notebook's tab alone. With one
+    # workspace the earlier explorers' tabs stayed open, every "is it open / idle / started" check could pass on an
+    # earlier tab while the new one was still loading, and "Run All Cells" then ran the earlier notebook again (CI,
+    # under load: the sweep explorer's cells never ran, its prompts still "[ ]:")
+    browser.get(lab.url(f"lab/workspaces/{stem}/tree/{stem}.ipynb") + "&reset")
 
     def wait(cond, t, what):
         try:                              # a re-rendered element read mid-poll is polled again, not a failure
@@ -154,20 +172,22 @@ def _drive(browser, lab, stem, By, Select, WebDriverWait):
             raise AssertionError(f"{stem}: {what} within {t} s ({type(exc).__name__}); screenshot "
                                  f"{SHOTS / (stem + '-failed.png')}; prompts and kernel status {status}; "
                                  f"outputs {outputs}") from exc
-    wait(lambda b: b.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell"), 120, "the notebook never opened")
+
+    def opened(b):           # this notebook's tab is the current one and its cells are rendered
+        return b.execute_script(_PANEL_JS + "return tab && tab.innerText.trim() === arguments[0] && panel"
+                                " && panel.querySelectorAll('.jp-Cell').length > 0;", f"{stem}.ipynb")
+    wait(opened, 120, "the notebook never opened in the current tab")
     time.sleep(1)
 
-    def kernel_idle(b):      # read in one script: the status bar re-renders while it is polled
+    def kernel_idle(b):      # the status bar names the current tab's kernel (the only notebook in this workspace)
         return "| Idle" in (b.execute_script("const e = document.getElementById('jp-main-statusbar');"
                                              "return e ? e.innerText : '';") or "")
 
     def started(b):          # a code cell's prompt shows [*] (queued or running) or [n] (done), in this tab's panel
-        prompts = b.execute_script(                    # (a hidden panel's executed prompts must not count)
-            "const tab = document.querySelector('#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current');"
-            "const panel = tab ? document.getElementById(tab.getAttribute('data-id')) : null;"
-            "return panel ? Array.from(panel.querySelectorAll('.jp-InputPrompt')).map(e => e.innerText.trim()) : [];"
+        prompts = b.execute_script(
+            _PANEL_JS + "return panel ? Array.from(panel.querySelectorAll('.jp-InputPrompt')).map(e => e.innerText.trim()) : [];"
         ) or []
-        return any(t not in ("", "[ ]:") for t in prompts)
+        return opened(b) and any(t not in ("", "[ ]:") for t in prompts)
 
     # "Run All Cells" clicked before the kernel is connected can be dropped (seen once in a full `make test` under
     # load: the cells never ran), so wait for an idle kernel, and click again if no cell has started within 60 s
