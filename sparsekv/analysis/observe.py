@@ -61,12 +61,19 @@ def tail_nll(engine: Engine, seq: Sequence, tail: list[int], router: Router | No
 
     seq holds doc[:L - T - 1]; tail is doc[L - T - 1:L]: T steps predict doc[L - T:L].
     """
+    losses, secs = tail_token_nll(engine, seq, tail, router, dense_layers)
+    return float(losses.mean()), secs
+
+
+def tail_token_nll(engine: Engine, seq: Sequence, tail: list[int], router: Router | None,
+                   dense_layers: int | None = None) -> tuple[torch.Tensor, list[float]]:
+    """`tail_nll`'s losses one per predicted token ([T] float32, nats), for paired per-token statistics."""
     child = engine.fork(seq)
     try:
         logits = engine.feed(child, tail[:-1], router=router, dense_layers=dense_layers)      # [T, vocab]
         target = torch.tensor(tail[1:])
-        nll = torch.nn.functional.cross_entropy(logits.float(), target).item()
-        return nll, [s.seconds for s in engine.stats(child).steps]
+        losses = torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")
+        return losses, [s.seconds for s in engine.stats(child).steps]
     finally:
         engine.finish(child)
 
