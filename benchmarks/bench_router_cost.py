@@ -5,7 +5,7 @@ the fused `minmax` route (`kernels/cpu/route.cpp`), in the same run, on the same
 
 Store: SmolLM2-135M's attention geometry (3 kv heads, 9 query heads, head dim 64), blocks of 16, float32, random
 keys; the `labels` cache holds r = 2 D / block = 8 random channels per kv head (Quest's bytes per block; the
-channels' choice does not change the time). Each router routes `--calls` fresh random queries, one `Router.select`
+channels' choice does not change the time), and `halves` its two half-block means per tile. Each router routes `--calls` fresh random queries, one `Router.select`
 each (scores, softmax, GQA aggregation, top-k), after 8 warm-up calls; reported: the median microseconds per call,
 its ratio to the fused `minmax` route's, and the summary bytes the byte model charges per call. A slower router pays
 for itself once the K/V reads its better selection saves exceed its extra time: at these sizes a step's K/V reads
@@ -34,6 +34,8 @@ def routers(budget: int) -> dict[str, sk.Router]:
     return {"minmax (fused)": sk.Router("minmax", token_budget=budget),
             "minmax (torch)": sk.Router("minmax", token_budget=budget, backend="torch"),
             "mean (fused)": sk.Router("mean", token_budget=budget),
+            "halves (fused)": sk.Router("halves", token_budget=budget),
+            "halves (torch)": sk.Router("halves", token_budget=budget, backend="torch"),
             "labels": sk.Router("labels", token_budget=budget),
             "hminmax": sk.Router("hminmax", token_budget=budget),
             "hminmax-g64-k4": sk.Router(sk.hierarchical(64, 4), token_budget=budget),
@@ -45,7 +47,7 @@ def store_of(n: int, seed: int = 0):
     r = 2 * D // BS
     labels = LabelChannels(((tuple(tuple(torch.randperm(D, generator=g)[:r].tolist()) for _ in range(H))),), "random")
     store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=BS,
-                                         num_blocks=n // BS + 2, summaries=DEFAULT_SUMMARIES + ("klabel",),
+                                         num_blocks=n // BS + 2, summaries=DEFAULT_SUMMARIES + ("klabel", "khalf"),
                                          labels=labels))
     seq = store.new_sequence()
     for start in range(0, n, 8192):
@@ -85,9 +87,10 @@ def main(argv=None) -> int:
         for name, r in rs.items():
             row[f"{name}.us"] = 1e6 * time_router(r, store, seq, queries)
             row[f"{name}.summary_bytes"] = r.select(queries[0], store, seq, 0).traffic.summary_bytes
-        same = [torch.equal(rs["minmax (fused)"].select(q, store, seq, 0).blocks,
-                            rs["minmax (torch)"].select(q, store, seq, 0).blocks) for q in queries]
-        row["fused_equals_torch"] = sum(same) / len(same)          # the same blocks (a near-tie may differ)
+        for scorer, key in (("minmax", "fused_equals_torch"), ("halves", "halves_fused_equals_torch")):
+            same = [torch.equal(rs[f"{scorer} (fused)"].select(q, store, seq, 0).blocks,
+                                rs[f"{scorer} (torch)"].select(q, store, seq, 0).blocks) for q in queries]
+            row[key] = sum(same) / len(same)                        # the same blocks (a near-tie may differ)
         base = row["minmax (fused).us"]
         for name in rs:
             row[f"{name}.over_fused_minmax"] = row[f"{name}.us"] / base

@@ -36,6 +36,9 @@ def test_the_router_cost_benchmark_runs_and_charges_what_each_router_reads(tmp_p
         assert case["minmax (fused).summary_bytes"] == case["minmax (torch).summary_bytes"] \
             == case["blocks"] * 3 * 2 * 64 * 4
         assert case["labels.summary_bytes"] == case["minmax (fused).summary_bytes"]    # r = 2 D / block: Quest's bytes
+        assert case["halves (fused).summary_bytes"] == case["halves (torch).summary_bytes"] \
+            == case["minmax (fused).summary_bytes"]                                     # two half means: Quest's bytes
+        assert case["halves_fused_equals_torch"] >= 0.9
         assert all(case[f"{r}.us"] > 0 for r in d["routers"])
     big = d["cases"][-1]                              # 1,025 blocks: 16 complete groups of 64, 4 refined, and the tail
     assert big["hminmax-g64-k4.summary_bytes"] < big["minmax (fused).summary_bytes"]

@@ -15,6 +15,7 @@ import sparsekv as sk
 from sparsekv.attention import decode
 from sparsekv.attention.plan import plan_decode
 from sparsekv.kernels import cpu_decode
+from sparsekv.storage.summaries import DEFAULT_SUMMARIES
 
 pytestmark = pytest.mark.skipif(not cpu_decode.available(),
                                 reason=f"the CPU kernel did not build here: {cpu_decode.reason()}")
@@ -276,7 +277,8 @@ def test_fused_route_selects_what_the_torch_router_selects(monkeypatch, G, D, su
     g = torch.Generator().manual_seed(G * 100 + D)
     n = int(torch.randint(bs * 3, bs * 40, (1,), generator=g)) + 5              # a partial last block
     store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs,
-                                         num_blocks=60, summary_dtype=summary_dtype))
+                                         num_blocks=60, summary_dtype=summary_dtype,
+                                         summaries=DEFAULT_SUMMARIES + ("khalf",)))
     other = store.new_sequence()                                                  # blocks in no physical order
     store.append(other, torch.randn(1, 5 * bs, H, D, generator=g), torch.randn(1, 5 * bs, H, D, generator=g))
     seq = store.new_sequence()
@@ -286,25 +288,26 @@ def test_fused_route_selects_what_the_torch_router_selects(monkeypatch, G, D, su
     calls = []
     real = cpu_decode.route_topk
     monkeypatch.setattr(cpu_decode, "route_topk", lambda *a: calls.append(1) or real(*a))
-    for scorer in ("minmax", "mean"):
+    for scorer in ("minmax", "mean", "halves"):
         for kw in (dict(top_k=2), dict(top_k=5, sink_blocks=2, local_blocks=2), dict(token_budget=10 ** 6)):
             fused, ref = _route_pair(scorer, store, seq, q, **kw)
             assert fused.blocks.shape == ref.blocks.shape and fused.blocks.dtype == torch.int64
             assert torch.equal(fused.blocks, ref.blocks), (scorer, kw)
             assert (fused.mass - ref.mass).abs().max() < 1e-5 and fused.traffic == ref.traffic
-    assert len(calls) == 6                                                        # the kernel ran each time
+    assert len(calls) == 9                                                        # the kernel ran each time
 
 
 def test_fused_route_breaks_an_exact_tie_by_block_id_as_torch_does():
     """Identical blocks tie exactly: both paths take the later blocks (selectors' rule), the same ids."""
     H, D, bs = 1, 64, 16
-    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs, num_blocks=12))
+    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs, num_blocks=12,
+                                         summaries=DEFAULT_SUMMARIES + ("khalf",)))
     g = torch.Generator().manual_seed(2)
     block = torch.randn(1, bs, H, D, generator=g)
     seq = store.new_sequence()
     store.append(seq, torch.cat([block] * 10, 1), torch.randn(1, 10 * bs, H, D, generator=g))
     q = torch.randn(2, D, generator=g)
-    for scorer in ("minmax", "mean"):
+    for scorer in ("minmax", "mean", "halves"):
         fused, ref = _route_pair(scorer, store, seq, q, top_k=5)
         assert bool((ref.mass[0] == ref.mass[0, 0]).all())                        # the tie is exact
         # sink 0 and local 9 forced, then the three latest of the tied blocks 1..8
@@ -313,6 +316,7 @@ def test_fused_route_breaks_an_exact_tie_by_block_id_as_torch_does():
 
 def test_only_the_configurations_it_computes_are_fused():
     assert sk.Router("minmax", top_k=4).fusable and sk.Router("mean", token_budget=64).fusable
+    assert sk.Router("halves", top_k=4).fusable
     assert not sk.Router("repr", top_k=4).fusable                                 # no kernel for this scorer
     assert not sk.Router("minmax", top_k=4, gqa="per_head").fusable
     assert not sk.Router("minmax", top_k=4, agg="max").fusable
@@ -411,7 +415,7 @@ def bit_outputs(cases: list[dict]) -> list[torch.Tensor]:
         for blocks in (c["dense"], c["sel"]):
             out += list(cpu_decode.paged_decode(c["q"], c["k"], c["v"], c["table"], blocks, c["n"]))
         out.append(cpu_decode.minmax_scores(c["q"], c["lo"], c["hi"], c["table"]))
-        for kind, (a, b) in ((0, (c["lo"], c["hi"])), (1, (c["lo"], c["lo"]))):
+        for kind, (a, b) in ((0, (c["lo"], c["hi"])), (1, (c["lo"], c["lo"])), (2, (c["lo"], c["hi"]))):
             out += list(cpu_decode.route_topk(c["q"], a, b, c["table"], kind, 7, 1, 1))
     from test_quant import layouts, random_weight
     g = torch.Generator().manual_seed(11)           # the weight-only matmuls (qlinear.cpp), every layout

@@ -20,10 +20,11 @@ def random_labels(L, H, D, r, seed=0):
 
 
 def random_setup(n=203, H=2, G=4, D=32, bs=16, seed=0, dtype=torch.float32):
-    """Every scorer's summaries, the label cache included (random channels, r = 2 D / bs: Quest's bytes)."""
+    """Every scorer's summaries, the label cache (random channels, r = 2 D / bs: Quest's bytes) and the half-block
+    means included."""
     from sparsekv.storage.summaries import DEFAULT_SUMMARIES
     store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs, num_blocks=64,
-                                         dtype=dtype, repr_keys=3, summaries=DEFAULT_SUMMARIES + ("klabel",),
+                                         dtype=dtype, repr_keys=3, summaries=DEFAULT_SUMMARIES + ("klabel", "khalf"),
                                          labels=random_labels(1, H, D, 2 * D // bs, seed)))
     g = torch.Generator().manual_seed(seed)
     seq = store.new_sequence()
@@ -39,7 +40,7 @@ def probe_store(p, bs=16):
 
 def test_registry_lists_every_scorer():
     named = {n for n in sk.ROUTERS if not n.startswith("hminmax-")}      # hierarchical(g, k) registers variants
-    assert named == {"minmax", "mean", "repr", "labels", "oracle", "recency", "random", "hminmax"}
+    assert named == {"minmax", "mean", "halves", "repr", "labels", "oracle", "recency", "random", "hminmax"}
 
 
 @pytest.mark.parametrize("scorer", QUERY_AWARE)
@@ -109,7 +110,7 @@ def test_minmax_logit_is_an_upper_bound_on_every_key_in_the_block():
         assert (bound[:, :, j] >= qk - 1e-4).all()
 
 
-@pytest.mark.parametrize("scorer", ["minmax", "mean", "repr", "oracle"])
+@pytest.mark.parametrize("scorer", ["minmax", "mean", "halves", "repr", "oracle"])
 def test_scoring_backends_agree(scorer):
     store, seq, q = random_setup(seed=4)
     r = sk.Router(scorer, top_k=4)
@@ -223,6 +224,7 @@ def test_routing_bytes_follow_the_summaries_each_scorer_reads():
     nb, H, D = seq.num_blocks, 2, 32
     b = {n: sk.Router(n, top_k=4).select(q, store, seq, 0).traffic.summary_bytes for n in sk.ROUTERS}
     assert b["minmax"] == nb * H * 2 * D * 4 and b["mean"] == nb * H * D * 4
+    assert b["halves"] == b["minmax"]                                  # two means per tile: Quest's bytes
     assert b["repr"] == nb * H * 3 * D * 4 and b["oracle"] == seq.num_tokens * H * D * 4
     assert b["recency"] == b["random"] == 0
 
@@ -254,6 +256,70 @@ def test_metrics_on_known_selections():
     assert metrics.block_recall(torch.tensor([[0, 3], [1, -1]]), torch.tensor([[3, 5], [1, 2]])) == 0.5
     e = metrics.evaluate(sk.Router("oracle", top_k=seq.num_blocks), q, store, seq, 0)
     assert e.rel_error < 1e-6 and abs(e.mass_recall - 1) < 1e-5 and e.block_recall == 1.0
+
+
+# -- half-block means (`halves`) -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("G,D,bs", [(1, 64, 16), (3, 64, 16), (8, 128, 8), (2, 256, 4), (4, 64, 1), (5, 128, 2), (6, 64, 32)])
+def test_half_means_and_their_scores_match_float64_definitions(G, D, bs):
+    """khalf holds the mean of each half of every block's valid keys (first half ceil(bs/2) rows), written in odd
+    pieces and single decode rows; halves' logit is the larger of the two halves' q . mean / sqrt(D), a partial
+    last block's empty second half not counting: against float64 from the keys themselves, on both backends."""
+    from sparsekv.routing.scorers import SCORERS, ScoreInput
+    from sparsekv.storage.summaries import DEFAULT_SUMMARIES
+    H, n = 2, 11 * bs + (bs + 1) // 2 - (bs > 1)                   # the last block's second half empty (or half full)
+    g = torch.Generator().manual_seed(G + D + bs)
+    store = sk.BlockStore(sk.StoreConfig(num_layers=2, num_kv_heads=H, head_dim=D, block_size=bs,
+                                         num_blocks=n // bs + 4, summaries=DEFAULT_SUMMARIES + ("khalf",)))
+    seq = store.new_sequence()
+    k = torch.randn(2, n, H, D, generator=g)
+    cut = n - 3
+    for i in range(0, cut, 13):                                    # odd pieces, then three decode rows
+        store.append(seq, k[:, i:min(i + 13, cut)], torch.randn(2, min(13, cut - i), H, D, generator=g))
+    for i in range(cut, n):
+        store.append(seq, k[:, i:i + 1], torch.randn(2, 1, H, D, generator=g))
+    q = torch.randn(H, G, D, generator=g)
+    first = (bs + 1) // 2
+    for layer in (0, 1):
+        table = store.block_table(seq)
+        halves = store.summary("khalf")[layer][table]                                  # [nb, H, 2, D]
+        want = torch.full((H, G, seq.num_blocks), -torch.inf, dtype=torch.float64)
+        for b in range(seq.num_blocks):
+            for j, (lo, hi) in enumerate(((b * bs, b * bs + first), (b * bs + first, (b + 1) * bs))):
+                rows = k[layer, lo:min(hi, n)].double()                               # [m, H, D]
+                if len(rows) == 0:                              # an empty second half repeats the first's mean
+                    assert torch.equal(halves[b, :, 1], halves[b, :, 0])
+                    continue
+                mean = rows.mean(0)
+                assert (halves[b, :, j].double() - mean).abs().max() < 1e-5
+                want[:, :, b] = torch.maximum(want[:, :, b], torch.einsum("hgd,hd->hg", q.double(), mean) / D ** 0.5)
+        inp = ScoreInput(q, store, seq, layer, table)
+        for backend in ("reference", "torch"):
+            got = SCORERS["halves"]().logits(inp, backend, g)
+            assert (got.double() - want).abs().max() < 1e-4
+
+
+def test_a_budget_over_every_block_routes_halves_like_dense():
+    from sparsekv.storage.summaries import DEFAULT_SUMMARIES
+    store = make_store(layers=1, kv_heads=2, head_dim=64, block_size=16, num_blocks=16)
+    store = sk.BlockStore(sk.StoreConfig(**{**store.config.__dict__, "summaries": DEFAULT_SUMMARIES + ("khalf",)}))
+    g = torch.Generator().manual_seed(7)
+    seq = store.new_sequence()
+    store.append(seq, torch.randn(1, 16 * 5 + 3, 2, 64, generator=g), torch.randn(1, 16 * 5 + 3, 2, 64, generator=g))
+    q = torch.randn(6, 64, generator=g)
+    blocks = sk.Router("halves", token_budget=16 * 8).select(q, store, seq, 0).blocks
+    assert blocks.tolist() == [list(range(6))] * 2
+    out, _ = sk.sparse_attention(q, store, seq, 0, blocks, backend="torch")
+    torch.testing.assert_close(out, sk.dense_attention(q, store, seq, 0, backend="torch"), rtol=1e-5, atol=1e-5)
+
+
+def test_halves_on_a_store_without_half_means_is_a_value_error_naming_the_summary():
+    store, seq, q = random_setup()
+    bare = make_store(layers=1, kv_heads=2, head_dim=32, block_size=16, num_blocks=64)
+    s = bare.new_sequence()
+    bare.append(s, torch.randn(1, 40, 2, 32), torch.randn(1, 40, 2, 32))
+    with pytest.raises(ValueError, match="khalf"):
+        sk.Router("halves", top_k=2).select(q, bare, s, 0)
 
 
 # -- the label-channel router (Double Sparsity) --------------------------------------------------------------------
@@ -360,3 +426,29 @@ def test_quest_slack_splits_exactly_over_bands_and_matches_the_bound():
     inp = ScoreInput(q[None], store, seq, 0, store.block_table(seq))
     quest = SCORERS["minmax"]().logits(inp, "reference", None)[0].double() * D ** 0.5
     torch.testing.assert_close(quest, r["bound"], rtol=1e-5, atol=1e-4)
+
+
+def test_half_means_survive_copy_on_write_and_are_stored_half_major():
+    """A fork that appends into a shared partial last block gets its own copy (copy-on-write): the parent's khalf is
+    unchanged and the child's is the recompute of its own rows; each half of a layer and kv head is one contiguous
+    [NB, D] matrix (what the fused route reads in place)."""
+    from sparsekv.storage.summaries import DEFAULT_SUMMARIES
+    H, D, bs = 2, 32, 8
+    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=bs, num_blocks=16,
+                                         summaries=DEFAULT_SUMMARIES + ("khalf",)))
+    g = torch.Generator().manual_seed(11)
+    parent = store.new_sequence()
+    k = torch.randn(1, 2 * bs + 3, H, D, generator=g)                  # the last block holds 3 rows: its first half
+    store.append(parent, k, torch.randn_like(k))
+    before = store.summary("khalf").clone()
+    child = store.fork(parent)
+    extra = torch.randn(1, 3, H, D, generator=g)                       # rows 3..5: into the second half
+    store.append(child, extra, torch.randn_like(extra))
+    pb, cb = store.block_table(parent)[-1], store.block_table(child)[-1]
+    assert pb != cb                                                    # the child wrote its own copy
+    assert torch.equal(store.summary("khalf")[:, pb], before[:, pb])
+    rows = torch.cat([k[0, 2 * bs:], extra[0]])                        # [6, H, D]
+    want = torch.stack([rows[:4].mean(0), rows[4:].mean(0)], 1)        # halves of 8 rows: [0, 4) and [4, 8)
+    assert (store.summary("khalf")[0, cb] - want).abs().max() < 1e-6
+    halves = store.summary("khalf")[0]
+    assert all(halves[:, :, j].transpose(0, 1).is_contiguous() for j in (0, 1))

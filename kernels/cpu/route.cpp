@@ -3,7 +3,8 @@
 //
 // Algorithm, per kv head h (one work item each):
 //   score   s[g, j] = scale * sum_d max(q[h*G+g, d] * kmin[h, p_j, d], q[h*G+g, d] * kmax[h, p_j, d])   (minmax,
-//           Quest's bound) or scale * q[h*G+g] . kmean[h, p_j] (mean, MoBA), p_j = table[j]; the summaries
+//           Quest's bound), scale * q[h*G+g] . kmean[h, p_j] (mean, MoBA), or scale * max(q[h*G+g] . a[h, p_j],
+//           q[h*G+g] . b[h, p_j]) over a block's two half means (halves), p_j = table[j]; the summaries
 //           are read once, in place, and shared by the G query heads of the group (simd.h: 16 lanes,
 //           rows read 32 elements at a time, q laid out in the same lane order)
 //   mass    per query head, softmax over blocks; then the group's mean, renormalised to sum 1
@@ -31,21 +32,22 @@ namespace {
 using skv::V16;
 using skv::kLanes;
 
-enum Kind : int64_t { kMinMax = 0, kMean = 1 };
+enum Kind : int64_t { kMinMax = 0, kMean = 1, kHalves = 2 };
 
 struct Shape {
   int64_t D, P, Dp, NB;             // head dim, 32-element pairs per row (simd.h), 32 P, pool blocks
   int last;                         // elements in the last pair (1..32)
 };
 
-// out[g * stride] = the block's score for NG query heads, q in pair_lane<T> order, zero-padded: for mean
-// [NG, Dp] rows of q; for minmax [NG, 2, Dp], each head's q+ = max(q, 0) then q- = min(q, 0), so that
-// sum_d max(q lo, q hi) = q+ . hi + q- . lo (hi >= lo) is two fused multiply-adds per element.
+// out[g * stride] = the block's score for NG query heads, q in pair_lane<T> order, zero-padded: for mean and
+// halves [NG, Dp] rows of q; for minmax [NG, 2, Dp], each head's q+ = max(q, 0) then q- = min(q, 0), so that
+// sum_d max(q lo, q hi) = q+ . hi + q- . lo (hi >= lo) is two fused multiply-adds per element. halves keeps one
+// accumulator per half (a, b) and takes the larger sum.
 template <int NG, Kind KIND, typename T>
 inline void block_score(const float* q, const T* a, const T* b, const Shape& s, float scale, float* out,
                         int64_t stride) {
-  V16 acc[NG];
-  for (int g = 0; g < NG; ++g) acc[g] = skv::zero();
+  V16 acc[NG], acc_b[NG];
+  for (int g = 0; g < NG; ++g) acc[g] = skv::zero(), acc_b[g] = skv::zero();
   for (int64_t pc = 0; pc < s.P; ++pc) {
     V16 lo0, lo1;
     skv::load_pair(a, pc, s.P, s.last, lo0, lo1);
@@ -62,15 +64,26 @@ inline void block_score(const float* q, const T* a, const T* b, const Shape& s, 
       for (int g = 0; g < NG; ++g)
         acc[g] = skv::fma(skv::load(q + g * s.Dp + pc * 2 * kLanes + kLanes), lo1,
                           skv::fma(skv::load(q + g * s.Dp + pc * 2 * kLanes), lo0, acc[g]));
+      if constexpr (KIND == kHalves) {            // the second half's mean: the same q, its own accumulator
+        V16 hi0, hi1;
+        skv::load_pair(b, pc, s.P, s.last, hi0, hi1);
+        for (int g = 0; g < NG; ++g)
+          acc_b[g] = skv::fma(skv::load(q + g * s.Dp + pc * 2 * kLanes + kLanes), hi1,
+                              skv::fma(skv::load(q + g * s.Dp + pc * 2 * kLanes), hi0, acc_b[g]));
+      }
     }
   }
+  float t[NG], u[NG];
   if constexpr (NG == 4) {
-    float t[4];
     skv::hsum4(acc[0], acc[1], acc[2], acc[3], t);
-    for (int g = 0; g < 4; ++g) out[g * stride] = scale * t[g];
+    if constexpr (KIND == kHalves) skv::hsum4(acc_b[0], acc_b[1], acc_b[2], acc_b[3], u);
   } else {
-    for (int g = 0; g < NG; ++g) out[g * stride] = scale * skv::hsum(acc[g]);
+    for (int g = 0; g < NG; ++g) {
+      t[g] = skv::hsum(acc[g]);
+      if constexpr (KIND == kHalves) u[g] = skv::hsum(acc_b[g]);
+    }
   }
+  for (int g = 0; g < NG; ++g) out[g * stride] = scale * (KIND == kHalves ? std::max(t[g], u[g]) : t[g]);
 }
 
 template <Kind KIND, typename T>
@@ -99,7 +112,7 @@ void head_scores(const float* q, const T* a, const T* b, const int64_t* table, i
       const int64_t p = (h * s.NB + table[j + kAhead]) * s.D;
       for (int64_t x = 0; x < s.D * static_cast<int64_t>(sizeof(T)); x += 64) {
         skv::prefetch_l2(reinterpret_cast<const char*>(a + p) + x);
-        if (KIND == kMinMax) skv::prefetch_l2(reinterpret_cast<const char*>(b + p) + x);
+        if (KIND != kMean) skv::prefetch_l2(reinterpret_cast<const char*>(b + p) + x);
       }
     }
     const int64_t p = (h * s.NB + table[j]) * s.D;
@@ -202,6 +215,8 @@ void route_run(const at::Tensor& q, const at::Tensor& a, const at::Tensor& b, co
       padded_query<T>(q.data_ptr<float>(), h, G, s, kind == kMinMax, qp);
       if (kind == kMinMax)
         head_scores<kMinMax>(qp.data(), raw<T>(a), raw<T>(b), table.data_ptr<int64_t>(), nb, h, G, s, scale, sc.data());
+      else if (kind == kHalves)
+        head_scores<kHalves>(qp.data(), raw<T>(a), raw<T>(b), table.data_ptr<int64_t>(), nb, h, G, s, scale, sc.data());
       else
         head_scores<kMean>(qp.data(), raw<T>(a), raw<T>(b), table.data_ptr<int64_t>(), nb, h, G, s, scale, sc.data());
       group_mass(sc.data(), G, nb, mass + h * nb);
@@ -224,12 +239,13 @@ at::Tensor minmax_scores(at::Tensor q, at::Tensor kmin, at::Tensor kmax, at::Ten
 }
 
 // Score, distribute and select in one pass (see the top of the file). kind 0: minmax over (a, b) =
-// (kmin, kmax); kind 1: mean over a = kmean (b is ignored; pass a again). top_k >= 1, sink >= 0, local >= 1.
+// (kmin, kmax); kind 1: mean over a = kmean (b is ignored; pass a again); kind 2: halves over (a, b) = the
+// block's first and second half means. top_k >= 1, sink >= 0, local >= 1.
 // Returns blocks [H, min(top_k, nb)] int64 ascending and mass [H, nb] float32.
 std::vector<at::Tensor> route_topk(at::Tensor q, at::Tensor a, at::Tensor b, at::Tensor table,
                                       int64_t kind, int64_t top_k, int64_t sink, int64_t local) {
   check_summaries(q, a, b, table);
-  TORCH_CHECK(kind == kMinMax || kind == kMean, "kind must be 0 (minmax) or 1 (mean)");
+  TORCH_CHECK(kind == kMinMax || kind == kMean || kind == kHalves, "kind must be 0 (minmax), 1 (mean) or 2 (halves)");
   TORCH_CHECK(top_k >= 1 && sink >= 0 && local >= 1 && table.numel() >= 1, "need top_k >= 1, sink >= 0, local >= 1, nb >= 1");
   const int64_t H = a.size(0), nb = table.numel(), K = std::min(top_k, nb);
   auto blocks = at::empty({H, K}, at::TensorOptions().dtype(at::kLong));

@@ -16,16 +16,19 @@ from ..core.tables import format_table  # noqa: F401  (notebooks call study.form
 from ..routing.mass import block_attention_mass
 from ..routing.router import Router
 from ..storage.store import BlockStore, Sequence, StoreConfig
+from ..storage.summaries import DEFAULT_SUMMARIES
 from .metrics import evaluate
 from .probes import Probe
 
 
 def probe_store(probe: Probe, block_size: int, dtype="float32", num_layers: int = 1,
-                spare_blocks: int = 2) -> tuple[BlockStore, Sequence]:
-    """A store just large enough for `probe`, with the probe written into a new sequence."""
+                spare_blocks: int = 2, reads=()) -> tuple[BlockStore, Sequence]:
+    """A store just large enough for `probe`, with the probe written into a new sequence. It keeps the default
+    summaries and any others named in `reads` (a scorer's `reads`, e.g. ("khalf",))."""
     T, H, D = probe.k.shape
+    summaries = DEFAULT_SUMMARIES + tuple(s for s in reads if s not in DEFAULT_SUMMARIES)
     cfg = StoreConfig(num_layers=num_layers, num_kv_heads=H, head_dim=D, block_size=block_size,
-                      num_blocks=-(-T // block_size) + spare_blocks, dtype=dtype)
+                      num_blocks=-(-T // block_size) + spare_blocks, dtype=dtype, summaries=summaries)
     store = BlockStore(cfg)
     return store, probe.write(store)
 

@@ -48,6 +48,13 @@ class Scorer:
     fused_kind: int | None = None     # the CPU route kernel's kind for this scorer (route_topk), if it has one
     needs_calibration = False         # True: the store must hold a calibration (StoreConfig.labels)
 
+    def route_operands(self, store: BlockStore, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused CPU route's two summaries at `layer`, each a contiguous [H, NB, D] view (a scorer reading one
+        summary passes it twice): only for a scorer with a `fused_kind`."""
+        first, *rest = self.reads
+        a = store.summary(first)[layer].transpose(0, 1)
+        return a, (store.summary(rest[0])[layer].transpose(0, 1) if rest else a)
+
     def vectors(self, config) -> int:
         """head_dim vectors this scorer reads per (kv head, block) under `config` (a StoreConfig)."""
         return summary_vectors(self.reads, config) if self.reads else self.summary_vectors
@@ -99,9 +106,7 @@ def fused_route(scorer: Scorer, inp: ScoreInput, top_k: int, sink: int, local: i
     Only for a scorer with a `fused_kind`, on summaries `_cpp_summaries` accepts."""
     from ..kernels.cpu_decode import route_topk
     H, G, D = inp.q.shape
-    first, *rest = scorer.reads
-    a = inp.store.summary(first)[inp.layer].transpose(0, 1)                 # [H, NB, D], contiguous
-    b = inp.store.summary(rest[0])[inp.layer].transpose(0, 1) if rest else a
+    a, b = scorer.route_operands(inp.store, inp.layer)                      # [H, NB, D] each, contiguous
     return route_topk(inp.q.reshape(H * G, D).contiguous(), a, b, inp.table, scorer.fused_kind, top_k, sink, local)
 
 
@@ -147,6 +152,28 @@ class MeanScorer(Scorer):
             kmean = inp.store.kmean[inp.layer][inp.table].float()             # [nb, H, D]
             return torch.einsum("hgd,nhd->hgn", inp.q, kmean) / math.sqrt(inp.q.shape[-1])
         return _summary_logits(inp.q, inp.store.kmean, inp) / math.sqrt(inp.q.shape[-1])
+
+
+class HalvesScorer(Scorer):
+    """MoBA's gate at half the block size, choosing whole blocks: the larger of q . mean over the block's two
+    halves (the `khalf` summary), at Quest's bytes per tile (2 vectors):
+
+        logit_b = max(q . mean(k_t, t in first half of b), q . mean(k_t, t in second half of b)) / sqrt(D)
+
+    A half with no valid row (the second half of the sequence's partial last block, or of a one-row block) does not
+    count: the summary repeats the first half's mean there. The fused CPU route computes it in one pass (kind 2)."""
+
+    name, reads, fused_kind = "halves", ("khalf",), 2
+
+    def route_operands(self, store, layer):
+        halves = store.summary("khalf")[layer]                                          # [NB, H, 2, D] view
+        return halves[:, :, 0].transpose(0, 1), halves[:, :, 1].transpose(0, 1)         # [H, NB, D] each, contiguous
+
+    def logits(self, inp, backend, generator):
+        halves = inp.store.summary("khalf")[inp.layer][inp.table]                       # [nb, H, 2, D]
+        q, halves = (inp.q.double(), halves.double()) if backend == "reference" else (inp.q, halves.float())
+        s = torch.einsum("hgd,nhjd->hgnj", q, halves) / math.sqrt(q.shape[-1])          # [H, G, nb, 2]
+        return s.amax(-1).float()
 
 
 class ReprScorer(Scorer):
@@ -250,7 +277,7 @@ def register_scorer(cls: type[Scorer]) -> type[Scorer]:
     return registry.add(SCORERS, cls, Scorer, "scorer")
 
 
-for _cls in (MinMaxScorer, MeanScorer, ReprScorer, LabelScorer, OracleScorer, RecencyScorer, RandomScorer):
+for _cls in (MinMaxScorer, MeanScorer, HalvesScorer, ReprScorer, LabelScorer, OracleScorer, RecencyScorer, RandomScorer):
     register_scorer(_cls)
 ROUTERS = SCORERS       # the name the public API has always used for the scorer registry
 

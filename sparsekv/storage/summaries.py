@@ -10,7 +10,7 @@ package re-derives them:
    (`extra` is () for one vector per tile, (r,) for r vectors);
 3. `compute(tiles, config)`: its value for a batch of freshly written tiles, from their valid rows only.
 
-Built in: `kmin`, `kmax` (Quest's bound), `kmean` (MoBA), `krepr` (InfLLM-style
+Built in: `kmin`, `kmax` (Quest's bound), `kmean` (MoBA), `khalf` (the mean of each half block), `krepr` (InfLLM-style
 representative keys) and `klabel` (Double Sparsity's label cache: a few calibrated channels of every key,
 `LabelChannels`). A new summary is one subclass and `register_summary`; a store built
 with `StoreConfig(summaries=(..., "name"))` then keeps it exact, copies it on copy-on-write and
@@ -131,6 +131,46 @@ class KeyMean(Summary):
         return tiles.mean
 
 
+def half_rows(block_size: int, device=None) -> torch.Tensor:
+    """[bs] bool: True on the rows of a block's second half, [ceil(bs / 2), bs) (an odd block's first half is the
+    longer one; a one-row block has an empty second half)."""
+    return torch.arange(block_size, device=device) >= (block_size + 1) // 2
+
+
+class KeyHalves(Summary):
+    """The mean key of each half of the block (rows [0, ceil(bs/2)) and [ceil(bs/2), bs)): 2 vectors per tile,
+    Quest's min/max bytes, MoBA's gate at half the block size. A second half with no valid row yet (that of a
+    sequence's partial last block, or of any one-row block) repeats the first half's mean, so a max over the two
+    halves is the first half's score there, as if the empty half were masked.
+
+    Stored half-major ([L, 2, H, NB, D] contiguous, returned as a [L, NB, H, 2, D] view), so each half of one
+    layer and kv head is one contiguous [NB, D] matrix, as a one-vector summary is: the fused CPU route reads
+    both in place (`Scorer.route_operands`)."""
+
+    name = "khalf"
+
+    def vectors(self, config):
+        return 2
+
+    def extra_shape(self, config):
+        return (2,)
+
+    def allocate(self, config):
+        c = config
+        return torch.zeros(c.num_layers, 2, c.num_kv_heads, c.num_blocks, c.head_dim, dtype=c.summary_dtype,
+                           device=c.device).permute(0, 3, 2, 1, 4)
+
+    def compute(self, tiles, config):
+        second = half_rows(tiles.values.shape[2], tiles.values.device)[None, None, :, None]     # [1, 1, bs, 1]
+        means = []
+        for part in (~second, second):
+            rows = tiles.valid & part                                                          # [n, H, bs, 1]
+            total = torch.where(rows, tiles.values, 0.0).sum(2)                                # [n, H, D]
+            means.append(total / rows.sum(2).clamp(min=1))
+        empty = ~(tiles.valid & second).any(2)                                                 # [n, H, 1]
+        return torch.stack([means[0], torch.where(empty, means[0], means[1])], 2)              # [n, H, 2, D]
+
+
 class KeyRepr(Summary):
     """`config.repr_keys` representative keys: those farthest (L2) from the block mean, i.e. the keys
     the mean represents worst. A partial block with fewer valid keys than r repeats its row 0."""
@@ -248,7 +288,7 @@ def register_summary(cls: type[Summary]) -> type[Summary]:
     return registry.add(SUMMARIES, cls, Summary, "summary")
 
 
-for _cls in (KeyMin, KeyMax, KeyMean, KeyRepr, KeyLabels):
+for _cls in (KeyMin, KeyMax, KeyMean, KeyHalves, KeyRepr, KeyLabels):
     register_summary(_cls)
 
 DEFAULT_SUMMARIES = ("kmin", "kmax", "kmean", "krepr")

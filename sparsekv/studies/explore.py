@@ -59,8 +59,8 @@ def routing_view(scorer: str = "minmax", token_budget: int = 512, block_size: in
     cfg = probes.ProbeConfig(length=length, num_kv_heads=num_kv_heads, gqa=4, head_dim=head_dim, strength=strength,
                              channels=channels, seed=seed)
     probe = probes.needle(cfg, depth, block_size=block_size)
-    store, seq = sweeps.probe_store(probe, block_size)
     router = Router(scorer, token_budget=token_budget)
+    store, seq = sweeps.probe_store(probe, block_size, reads=router.scorer.reads)
     sel = router.select(probe.q, store, seq, 0)
     mass = block_attention_mass(probe.q, store, seq, 0)                               # [Hq, nb]
     result = metrics.evaluate(router, probe.q, store, seq, 0, needle_blocks=probe.needle_blocks(block_size), mass=mass)

@@ -93,17 +93,19 @@ FORCED_BLOCKS = RouterConfig.sink_blocks + RouterConfig.local_blocks     # what 
 
 
 def block_size_grid(model, tok, length: int, n_prompts: int, block_sizes, scorers, budgets, tasks=("passkey",),
-                    seed: int = 0, progress: bool = True, jitter: bool = False) -> list[dict]:
+                    seed: int = 0, progress: bool = True, jitter: bool = False, **engine_kw) -> list[dict]:
     """`answer_grid` on one engine per block size, the same prompts (same seed) and token budgets on each.
 
     A budget runs at a block size only where it leaves at least one block to choose beyond the forced sink and
     local blocks (budget // block_size > FORCED_BLOCKS): at 64 tokens in 32-token blocks a router could only read
     the forced two. Dense runs at every block size (the store is exact, so its answers should not move with it).
+    `engine_kw` go to each Engine (e.g. summaries=... for a scorer that reads one the default store lacks).
     Returns answer_grid's rows, each with its "block_size".
     """
     out = []
     for bs in block_sizes:
-        engine = Engine(model, block_size=bs, num_blocks=3 * (length // bs + 64), prefix_cache=True, progress=False)
+        engine = Engine(model, block_size=bs, num_blocks=3 * (length // bs + 64), prefix_cache=True, progress=False,
+                        **engine_kw)
         routers = methods(scorers, [b for b in budgets if b // bs > FORCED_BLOCKS], seed)
         rows, _ = answer_grid(engine, tok, [length], n_prompts, routers, route_lengths=[length], tasks=tasks,
                               seed=seed, progress=progress, jitter=jitter)

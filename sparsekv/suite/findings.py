@@ -353,10 +353,10 @@ FINDINGS.append(
              "g": (N12, "bytes.read_dense_over_routed@1048576")}))
 
 
-def _paired_word(a: str, b: str, pair: str, label: str) -> Callable[[Metrics], str]:
-    """Notebook 13's metric `a` against `b` in words, from the exact McNemar p of `pair` (0.05)."""
+def _paired_word(a: str, b: str, pair: str, label: str, stem: str = N13) -> Callable[[Metrics], str]:
+    """A notebook's (13 by default) metric `a` against `b` in words, from the exact McNemar p of `pair` (0.05)."""
     def f(m: Metrics) -> str:
-        x, y, p = m[N13][a], m[N13][b], m[N13][pair]
+        x, y, p = m[stem][a], m[stem][b], m[stem][pair]
         if p < 0.05:
             return f"is significantly {'more' if x > y else 'fewer'} than {label} (p = {p:.2g})"
         return f"is not significantly different from {label}'s {y:.0%} (p = {p:.2g})"
@@ -417,6 +417,27 @@ FINDINGS.append(
              "fmw": _fresh_mean_word, "fo": (N13, "fresh.passkey.oracle@64.bs16.acc_given_dense"),
              "fq": (N13, "fresh.passkey.minmax+quest@64.bs16.acc_given_dense"), "fqw": _fresh_quest_word,
              "fqkv": lambda m: m[N13]["fresh.bytes.minmax+quest@64.bs16.kv"] / m[N13]["fresh.bytes.minmax@64.bs16.kv"]}))
+
+
+N16 = "16_router_halves"
+
+
+def _h16(scorer: str, budget: int, bs: int = 16) -> tuple[str, str]:
+    return (N16, f"passkey.{scorer}@{budget}.bs{bs}.acc_given_dense")
+
+
+def _goal16(scorer: str, budget: int, bs: int, tol: float) -> Callable[[Metrics], str]:
+    """Whether `scorer` in `bs`-token blocks is within `tol` of the oracle in 16-token blocks at `budget` (the router
+    issue's goal), in words."""
+    def f(m: Metrics) -> str:
+        gap = m[N16][_h16("oracle", budget)[1]] - m[N16][_h16(scorer, budget, bs)[1]]
+        return f"{'met' if gap <= tol + 1e-12 else 'missed'} by `{scorer}` in {bs}-token blocks ({gap:.1%} below it)"
+    return f
+
+
+def _pair16(a: tuple, b: tuple, label: str) -> Callable[[Metrics], str]:
+    name = lambda x: f"{x[0]}@{x[1]}.bs{x[2]}"
+    return _paired_word(_h16(*a)[1], _h16(*b)[1], f"passkey.{name(a)}_vs_{name(b)}.p", label, N16)
 
 
 N14, B14 = "14_paired_questions", 256          # notebook 14 and the token budget its full run uses
@@ -522,6 +543,33 @@ FINDINGS.append(
             "{dis:.0f} of the {nall:.0f} questions.",
             {**_paired_values(N15, _T15),
              "rp": _router_vs_press("passkey", N15), "q4": _quant_vs_routers("hqq4", N15)}))
+
+FINDINGS.append(
+    Finding("**A router at Quest's bytes that reaches the oracle (notebook 16, SmolLM2 at 2k tokens, held-out "
+            "passkeys).** On the {n:.0f} of {total:.0f} new passkeys dense answers, `halves` (the mean key of each "
+            "half of a 16-token block: Quest's 2 summary vectors per block and 8 values per token) answers "
+            "{h128:.0%} at a 128-token budget, which {hm128}, against the oracle's {o128:.0%}; at 64 tokens "
+            "{h64:.0%}, `minmax` {m64:.0%} and the oracle {o64:.0%}. At the same summary bytes per token `mean` in "
+            "8-token blocks answers {me8:.0%} at 64 tokens, which {mew}, and `halves` in 8-token blocks (twice "
+            "Quest's bytes per token) {h8:.0%}. The router issue's goals against the oracle: within 1 in 20 at 128 "
+            "tokens, {g128}; within 1 in 12 at 64 tokens, {g64m}, {g64h8} and {g64}. On real text "
+            "at a 256-token budget ({ld:.0f} documents of {ll:,.0f} tokens per kind, the last {lt:.0f} tokens each), `halves`' "
+            "next-token loss is {lp:+.3f} nats from dense's on prose (per-token bootstrap 95% interval {lpl:+.3f} to "
+            "{lph:+.3f}) and {lc:+.3f} on code ({lcl:+.3f} to {lch:+.3f}); `minmax`'s {mp:+.3f} and {mc:+.3f}, and the "
+            "oracle's own {op:+.3f} and {oc:+.3f}.",
+            {"n": (N16, "passkey.dense_ok"), "total": (N16, "passkey.prompts"),
+             "h128": _h16("halves", 128), "o128": _h16("oracle", 128), "h64": _h16("halves", 64),
+             "m64": _h16("minmax", 64), "o64": _h16("oracle", 64), "me8": _h16("mean", 64, 8),
+             "h8": _h16("halves", 64, 8),
+             "hm128": _pair16(("halves", 128, 16), ("minmax", 128, 16), "`minmax`"),
+             "mew": _pair16(("mean", 64, 8), ("halves", 64, 16), "`halves` in 16-token blocks"),
+             "g128": _goal16("halves", 128, 16, 1 / 20), "g64": _goal16("halves", 64, 16, 1 / 12),
+             "g64m": _goal16("mean", 64, 8, 1 / 12), "g64h8": _goal16("halves", 64, 8, 1 / 12),
+             **{f"l{k[0]}{e}": (N16, f"loss.{k}.halves@256.{f}") for k in ("prose", "code")
+                for e, f in (("", "delta"), ("l", "lo"), ("h", "hi"))},
+             "mp": (N16, "loss.prose.minmax@256.delta"), "mc": (N16, "loss.code.minmax@256.delta"),
+             "op": (N16, "loss.prose.oracle@256.delta"), "oc": (N16, "loss.code.oracle@256.delta"),
+             "ld": (N16, "loss.docs"), "ll": (N16, "loss.length"), "lt": (N16, "loss.tail")}))
 
 
 def load(figures: Path) -> Metrics:

@@ -1,0 +1,162 @@
+"""Routers against the oracle at equal summary bytes, on held-out passkeys (notebook 16).
+
+One grid: every scorer at every token budget, in each block size, on the same prompts (`hybrid.block_size_grid`:
+one engine per block size, one prefill per prompt, every method on a fork). A method is a (scorer, budget, block
+size) triple, named "<scorer>@<budget>.bs<block size>". Each cell is over the prompts dense answers in the
+reference block size (dense answers the same prompts in every block size when the store is exact, which the grid
+records as `dense_moved`), with its Wilson 95% interval; each pre-stated pair is an exact McNemar test on those
+prompts. Bytes are what one decode step reads over every layer (`realmodel.step_bytes`: K/V of the budget and the
+summaries the scorer reads, at the store's widths), and the summary bytes held per token.
+
+    rows = grid(model, tok, cfg)
+    res = summarize(rows, cfg, store_configs, num_q_heads)      # cells, pairs, bytes
+
+Tail loss: `tail_loss` feeds the last `tail` tokens of real documents (consecutive windows of the standard library's
+prose and source, `analysis.corpus`) after a dense prefill of the rest, under dense and every router, and keeps the
+loss of every predicted token; `loss_summary` gives each method's mean and its difference from dense with a paired
+per-token bootstrap interval, per kind of text (never pooled across kinds).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..analysis import corpus, observe
+from ..analysis.stats import mcnemar, paired_bootstrap, wilson
+from ..model.engine import Engine
+from ..routing.router import Router
+from ..storage.summaries import DEFAULT_SUMMARIES
+from . import hybrid, realmodel
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """One held-out grid. seed: the prompts' (held out from every other notebook's passkey seeds, with `jitter`:
+    new keys at new depths); reference_block_size: the block size whose dense answers define a cell's prompts."""
+
+    length: int = 2048                    # prompt tokens
+    prompts: int = 60                     # passkey prompts, depths drawn within 1/prompts slots of [0.05, 0.95]
+    seed: int = 2
+    scorers: tuple = ("oracle", "halves", "mean", "minmax")
+    budgets: tuple = (64, 128)            # tokens read per step and layer, the forced sink and local blocks included
+    block_sizes: tuple = (16, 8)          # the first is the reference
+    summaries: tuple = DEFAULT_SUMMARIES + ("khalf",)
+
+    def __post_init__(self):
+        for name in ("length", "prompts"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name in ("scorers", "budgets", "block_sizes", "summaries"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+            if not getattr(self, name):
+                raise ValueError(f"{name} must name at least one value")
+
+    @property
+    def reference_block_size(self) -> int:
+        return self.block_sizes[0]
+
+
+def method_name(scorer: str, budget: int, block_size: int) -> str:
+    return f"{scorer}@{budget}.bs{block_size}"
+
+
+def grid(model, tok, cfg: GridConfig, progress: bool = True) -> list[dict]:
+    """Every method's answer to every prompt: rows {prompt, depth, method ("dense.bs<n>" or method_name), scorer,
+    budget, block_size, correct}."""
+    rows = hybrid.block_size_grid(model, tok, cfg.length, cfg.prompts, cfg.block_sizes, cfg.scorers, cfg.budgets,
+                                  seed=cfg.seed, progress=progress, jitter=True, summaries=cfg.summaries)
+    out = []
+    for r in rows:
+        scorer, _, budget = r["method"].partition("@")
+        out.append({"prompt": r["prompt"], "depth": r["depth"], "block_size": r["block_size"], "scorer": scorer,
+                    "budget": int(budget) if budget else 0, "correct": bool(r["correct"]),
+                    "method": f"dense.bs{r['block_size']}" if scorer == "dense"
+                    else method_name(scorer, int(budget), r["block_size"])})
+    return out
+
+
+@dataclass
+class Summary:
+    """cells: method -> {k, n, acc, lo, hi} over `prompts`; pairs: (a, b) -> McNemar; step: method -> the bytes
+    one decode step reads (a StepTraffic); held_per_token: method -> summary bytes held per token and layer."""
+
+    prompts: list                         # the prompts dense answers in the reference block size
+    dense_moved: dict                     # block size -> prompts whose dense answer differs from the reference's
+    cells: dict = field(default_factory=dict)
+    pairs: dict = field(default_factory=dict)
+    step: dict = field(default_factory=dict)
+    held_per_token: dict = field(default_factory=dict)
+
+
+def summarize(rows: list[dict], cfg: GridConfig, store_configs: dict, num_q_heads: int, pairs=()) -> Summary:
+    """Cells over the prompts dense answers in the reference block size, the McNemar tests of `pairs` ((a, b)
+    method names; a pair naming a method the grid lacks is a ValueError), and every method's bytes.
+    `store_configs`: block size -> the StoreConfig of that grid's engine."""
+    by = {(r["method"], r["prompt"]): r["correct"] for r in rows}
+    ref = cfg.reference_block_size
+    ok = sorted(p for (m, p), c in by.items() if m == f"dense.bs{ref}" and c)
+    moved = {bs: len({p for (m, p), c in by.items() if m == f"dense.bs{bs}" and c} ^ set(ok))
+             for bs in cfg.block_sizes if bs != ref}
+    res = Summary(ok, moved)
+    for m in sorted({r["method"] for r in rows if r["scorer"] != "dense"}):
+        xs = [by[m, p] for p in ok]
+        if xs:
+            lo, hi = wilson(sum(xs), len(xs))
+            res.cells[m] = {"k": sum(xs), "n": len(xs), "acc": sum(xs) / len(xs), "lo": lo, "hi": hi}
+    for a, b in pairs:
+        missing = [m for m in (a, b) if m not in res.cells]
+        if missing:
+            raise ValueError(f"pairs name methods the grid lacks or that have no prompt: {missing}")
+        res.pairs[a, b] = mcnemar([by[a, p] for p in ok], [by[b, p] for p in ok])
+    for r in {(r["scorer"], r["budget"], r["block_size"]) for r in rows if r["scorer"] != "dense"}:
+        scorer, budget, bs = r
+        router, c = Router(scorer, token_budget=budget), store_configs[bs]
+        name = method_name(scorer, budget, bs)
+        res.step[name] = realmodel.step_bytes(router, c, num_q_heads, cfg.length)
+        per_tile = router.scorer.vectors(c) * c.head_dim * c.summary_itemsize if scorer != "oracle" else 0
+        res.held_per_token[name] = per_tile * c.num_kv_heads / bs
+    return res
+
+
+def tail_loss(model, tok, kinds=("prose", "code"), docs: int = 4, length: int = 4096, tail: int = 128,
+              scorers=("oracle", "halves", "mean", "minmax"), budget: int = 256, block_size: int = 16,
+              summaries=DEFAULT_SUMMARIES + ("khalf",), progress: bool = True) -> list[dict]:
+    """Per-token next-token loss over the last `tail` tokens of `docs` documents of `length` tokens per kind
+    (document i: tokens [i * length, (i + 1) * length) of the kind's text, BOS first), for dense and every scorer at
+    `budget` tokens. Rows {kind, doc, method ("dense" or "<scorer>@<budget>"), token, nll}."""
+    from tqdm.auto import tqdm
+    engine = Engine(model, block_size=block_size, num_blocks=2 * (length // block_size + 16), progress=False,
+                    summaries=summaries)
+    methods = {"dense": None, **{f"{s}@{budget}": Router(s, token_budget=budget) for s in scorers}}
+    rows = []
+    with tqdm(total=len(kinds) * docs, desc="documents", disable=not progress, leave=False) as bar:
+        for kind in kinds:
+            text = corpus.haystack(kind)
+            for d in range(docs):
+                ids = [tok.bos_token_id] + corpus.take(tok, text, length - 1, offset=d * length)
+                seq = engine.new_sequence()
+                engine.prefill(seq, ids[:length - tail - 1])
+                for name, router in methods.items():
+                    losses, _ = observe.tail_token_nll(engine, seq, ids[length - tail - 1:], router)
+                    rows += [{"kind": kind, "doc": d, "method": name, "token": t, "nll": float(x)}
+                             for t, x in enumerate(losses.tolist())]
+                engine.finish(seq)
+                bar.update()
+    return rows
+
+
+def loss_summary(rows: list[dict], seed: int = 0) -> dict:
+    """(kind, method) -> {"n", "nll" (mean), "delta" (method minus dense, mean), "lo", "hi" (its paired per-token
+    bootstrap 95% interval)}; dense's own delta is 0."""
+    by = {(r["kind"], r["method"], r["doc"], r["token"]): r["nll"] for r in rows}
+    out = {}
+    for kind, method in sorted({(r["kind"], r["method"]) for r in rows}):
+        keys = sorted((d, t) for (k, m, d, t) in by if (k, m) == (kind, method))
+        mine = [by[kind, method, d, t] for d, t in keys]
+        dense = [by[kind, "dense", d, t] for d, t in keys]
+        b = paired_bootstrap(mine, dense, seed=seed)
+        out[kind, method] = {"n": b["n"], "nll": sum(mine) / len(mine), "delta": b["mean"], "lo": b["lo"], "hi": b["hi"]}
+    return out
+
+
+__all__ = ["GridConfig", "method_name", "grid", "Summary", "summarize", "tail_loss", "loss_summary"]
