@@ -16,11 +16,13 @@ real prose, tokenized once by sparsekv (`load_tokenizer`) and fed to llama.cpp a
   floor    a step's bytes (its weights as held, and the K/V and summaries its attention reads) over the machine's
            read bandwidth, measured in the same run (`bench_cpu_decode.read_bandwidth`). llama.cpp's: the file's
            weight bytes, and 16-bit K/V over the same tokens as sparsekv's dense step.
-sparsekv runs `load_model(path, weights="gguf", activations=...)` (the file's own codes, `sparsekv.model.quant`; by
+sparsekv runs `load_model(path, weights="gguf", activations=..., prefill=...)` (the file's own codes, `sparsekv.model.quant`; by
 default int8 activations into every decode matmul, as llama.cpp's own dot products take them: `--activations float32`
 keeps them float; each case also times the lm_head alone both ways, and dense decode with float32 ones) with bfloat16 K/V
 (llama.cpp keeps float16) and the summaries `minmax` reads (kmin, kmax), both at the same thread count; with that
-store its decode step is one operator call per layer (`sparsekv.model.fused`), the profile's "after".
+store its decode step is one operator call per layer (`sparsekv.model.fused`), the profile's "after". Its prefill runs
+in bfloat16 (matmuls and attention, float32 accumulation: `--prefill`, by default where the CPU has bfloat16 dot
+products), as llama.cpp's own prefill matmuls round their activations to 8 bits.
 
 Agreement, on held-out prose (`--agree-tokens` tokens, once per model): top-1 agreement and KL(llama.cpp || sparsekv)
 of the next-token distributions at every position, for sparsekv's gguf and float32 modes; and greedy continuations
@@ -61,10 +63,24 @@ LLAMA_SETTINGS = {"swa_full": False}
 # "gguf-fused-int8" is the speed cases' engine with `--activations int8` (every decode matmul's input quantised to
 # int8 first, as llama.cpp's are).
 FUSED = {"summaries": ("kmin", "kmax"), "repr_keys": 0}
-AGREE_MODES = [("gguf", "gguf", "float32", {"fused_decode": False}),
-               ("gguf-fused", "gguf", "float32", FUSED),
-               ("gguf-fused-int8", "gguf", "int8", FUSED),
-               ("float32", "float32", "float32", {})]
+# "gguf-fused-int8-bf16" adds the speed cases' bfloat16 prefill where this run uses it (`--prefill`): the tokens it
+# prefills (the first token of the teacher-forced text, the sink every later step attends to, and each greedy
+# prompt) get their K/V through bfloat16 matmuls and attention, so its decode differs from "gguf-fused-int8" too.
+AGREE_MODES = [("gguf", "gguf", "float32", {"fused_decode": False}, "float32"),
+               ("gguf-fused", "gguf", "float32", FUSED, "float32"),
+               ("gguf-fused-int8", "gguf", "int8", FUSED, "float32"),
+               ("gguf-fused-int8-bf16", "gguf", "int8", FUSED, "bfloat16"),
+               ("float32", "float32", "float32", {}, "float32")]
+
+
+def native_bf16() -> bool:
+    """Whether this CPU has bfloat16 dot products (AVX512_BF16 or AMX-BF16, as /proc/cpuinfo's flags name them),
+    where torch's bfloat16 matmuls run several times float32's rate; elsewhere they are emulated and slower."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
 
 
 def cpu_name() -> str:
@@ -161,7 +177,7 @@ def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
     ids = prompt_ids(tok, n)
     ctx = n + args.steps * args.repeats + 64
     peer = LlamaCpp(path, ctx, args.threads)
-    model = sk.load_model(path, weights="gguf", activations=args.activations)
+    model = sk.load_model(path, weights="gguf", activations=args.activations, prefill=args.prefill)
     eng = sk.Engine(model, block_size=16, num_blocks=ctx // 16 + 64, chunk_size=512, progress=False,
                     kv_dtype=torch.bfloat16, summaries=("kmin", "kmax"), repr_keys=0)   # what minmax reads
     seq = eng.new_sequence()
@@ -169,6 +185,14 @@ def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
     t0 = time.perf_counter()
     peer.eval(ids)
     case["llamacpp_prefill_s"] = time.perf_counter() - t0
+    if args.prefill != "float32":           # what the bfloat16 prefill buys, in the same run: a float32 one first
+        quant.set_prefill(model, "float32")  # (the pool holds one sequence: it is freed before the timed one)
+        other = eng.new_sequence()
+        t0 = time.perf_counter()
+        eng.prefill(other, ids)
+        case["sparsekv_prefill_f32_s"] = time.perf_counter() - t0
+        eng.finish(other)
+        quant.set_prefill(model, args.prefill)
     t0 = time.perf_counter()
     logits = eng.prefill(seq, ids)
     case["sparsekv_prefill_s"] = time.perf_counter() - t0
@@ -247,8 +271,10 @@ def agreement(name: str, path: Path, args) -> dict:
             seq_t.append(int(np.argmax(lg[-1])))
         peer_tokens.append(seq_t)
         peer_logits.append(lg)
-    for weights, mode, act, kw in AGREE_MODES:
-        model = sk.load_model(path, weights=mode, activations=act)
+    for weights, mode, act, kw, prefill in AGREE_MODES:
+        if prefill != "float32" and prefill != args.prefill:
+            continue
+        model = sk.load_model(path, weights=mode, activations=act, prefill=prefill)
         eng = sk.Engine(model, block_size=16, num_blocks=args.agree_tokens // 16 + 64, progress=False, **kw)
         seq = eng.new_sequence()
         eng.prefill(seq, text[:1])
@@ -387,8 +413,13 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-profile", action="store_true", help="no overhead profile (a quick run)")
     ap.add_argument("--activations", default="int8", choices=["float32", "int8"],
                     help="sparsekv's activations before 8-bit tensors in the speed cases (load_model's)")
+    ap.add_argument("--prefill", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="sparsekv's prefill matmuls and attention (load_model's prefill); auto: bfloat16 where the "
+                         "CPU has bfloat16 dot products (native_bf16), else float32")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vs_llamacpp.json")
     args = ap.parse_args(argv)
+    if args.prefill == "auto":
+        args.prefill = "bfloat16" if native_bf16() else "float32"
     try:
         import llama_cpp
     except ImportError:
@@ -420,7 +451,8 @@ def main(argv=None) -> int:
     out = {"date": str(date.today()), "torch": torch.__version__, "llama_cpp_python": llama_cpp.__version__,
            "cpu": cpu_name(), "llama_cpp_features": llama_cpp.llama_print_system_info().decode().strip(" |"),
            "threads": args.threads, "llama_settings": LLAMA_SETTINGS, "read_bandwidth_Bps": bw, "steps": args.steps, "repeats": args.repeats,
-           "budget_tokens": BUDGET, "activations": args.activations, "cases": cases, "agreement": agree, "overhead": prof}
+           "budget_tokens": BUDGET, "activations": args.activations, "prefill": args.prefill, "cases": cases,
+           "agreement": agree, "overhead": prof}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     plot(out, args.out.with_suffix(".png"))

@@ -296,3 +296,66 @@ def test_smollm2_int8_activations_stay_within_their_bound_on_the_model_s_own_sta
     top2 = y32.topk(2, -1)
     clear = (top2.values[:, 0] - top2.values[:, 1]).double() > 2 * bound.max(-1).values
     assert clear.any() and torch.equal(y8.argmax(-1)[clear], y32.argmax(-1)[clear])
+
+
+# -- bfloat16 prefill (load_model(..., prefill="bfloat16")) ------------------------------------------------------------
+
+@kernel_only
+@pytest.mark.parametrize("bits,group,scale,offset", [layouts()[0], layouts()[-1]])
+def test_a_bfloat16_prefill_chunk_stays_within_its_rounding_bound(bits, group, scale, offset):
+    """A prefill chunk in bfloat16 against the float64 product of the same x and dequantised W: x and W are each
+    rounded to bfloat16 (relative error at most u = 2^-8 each, so at most 2u + u^2 per product), then summed with
+    float32 accumulation (at most K eps per sum, recursive summation) and the sum rounded to bfloat16 (u), whatever
+    the BLAS: |y - y_64| <= (2u + u^2 + K eps) sum_k |x_k w_k| + u |y_64|. The float32 chunk of the same rows stays
+    within K eps sum_k |x_k w_k|, far tighter: the option changes the arithmetic, and only by its stated rounding."""
+    g = torch.Generator().manual_seed(bits)
+    K = 512 if "factored" in (scale, offset) else 160
+    w = random_weight(bits, group, scale, offset, 45, K, g)
+    lin = quant.QuantLinear(w)
+    x = torch.randn(quant.DECODE_ROWS + 7, K, generator=g)
+    exact = x.double() @ quant.dequantize(w).double().T
+    mag = x.double().abs() @ quant.dequantize(w).double().abs().T
+    f32 = lin(x)
+    lin.set_prefill("bfloat16")
+    b16 = lin(x)
+    assert b16.dtype == torch.float32 and lin.prefill == "bfloat16"
+    u, eps = 2.0 ** -8, torch.finfo(torch.float32).eps
+    assert ((b16.double() - exact).abs() <= (2 * u + u * u + K * eps) * mag + u * exact.abs()).all()
+    assert ((f32.double() - exact).abs() <= K * eps * mag).all()
+    assert (b16 - f32).abs().max() > 0                               # the bfloat16 path ran
+    with pytest.raises(ValueError, match="prefill must be one of"):
+        lin.set_prefill("float16")
+    assert lin.prefill == "bfloat16"                                 # a rejected call changes nothing
+
+
+def test_load_model_checks_its_prefill_argument(tmp_path):
+    with pytest.raises(ValueError, match="prefill must be one of"):
+        sk.load_model(tmp_path / "m.gguf", weights="gguf", prefill="float16")
+    with pytest.raises(ValueError, match="prefill='bfloat16' needs weights='gguf'"):
+        sk.load_model(tmp_path, prefill="bfloat16")
+
+
+@kernel_only
+def test_smollm2_bfloat16_prefill_keeps_the_float32_prefill_s_answers():
+    """SmolLM2 over 640 tokens of real prose and of real code, prefilled in bfloat16 (matmuls and attention) against
+    float32: the next-token distribution after each within KL 1e-2 (measured on an AMD EPYC: 7e-4 after 1,024 tokens
+    of prose at 1 thread, 1.7e-4 here; Gemma 3 270M 8e-5) and the same top token; the attention ran in bfloat16 (the
+    model's prefill_dtype). Greedy continuations of free text are not compared: a near tie a few tokens on moves
+    with any rounding (they first differed at the 4th token here)."""
+    path = _smollm2()
+    tok = sk.load_tokenizer(path)
+    from sparsekv.analysis import corpus
+    prompts = [[tok.bos_token_id] + corpus.take(tok, corpus.haystack(kind), 639) for kind in ("prose", "code")]
+    last = {}
+    for prefill in ("float32", "bfloat16"):
+        model = sk.load_model(path, weights="gguf", prefill=prefill)
+        assert model.prefill_dtype == quant.PREFILL[prefill]
+        eng = sk.Engine(model, chunk_size=256, progress=False)
+        for i, ids in enumerate(prompts):
+            seq = eng.new_sequence()
+            last[prefill, i] = eng.prefill(seq, ids)
+            eng.finish(seq)
+    for i in range(len(prompts)):
+        a, b = last["float32", i], last["bfloat16", i]
+        kl = torch.nn.functional.kl_div(b.log_softmax(-1), a.log_softmax(-1), log_target=True, reduction="sum")
+        assert 0 < float(kl) < 1e-2 and int(a.argmax()) == int(b.argmax()), (i, float(kl))

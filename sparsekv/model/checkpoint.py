@@ -79,7 +79,7 @@ WEIGHTS = ("float32", "gguf")
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, weights: str = "float32",
-               activations: str = "float32") -> Model:
+               activations: str = "float32", prefill: str = "float32") -> Model:
     """Load `path` (a local folder with config.json and *.safetensors, or a `.gguf` file) as a `Model` in `dtype`.
 
     weights: "float32" (the default and the parity reference: every weight dequantised to `dtype`) or "gguf" (a
@@ -87,6 +87,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, weights: st
     activations (weights="gguf" only): "float32" (the default), or "int8": a decode step's rows of x quantised to
     int8 per 32 values before every `quant.QuantLinear` (the fused layer step's too), as llama.cpp's dot products
     take them (`quant.set_activations` switches a loaded model).
+    prefill (weights="gguf" only): "float32" (the default), or "bfloat16": a prefill chunk's matmuls and attention in
+    bfloat16 with float32 accumulation, several times faster where the CPU has bfloat16 dot products
+    (`quant.set_prefill`).
     """
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
@@ -96,13 +99,18 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, weights: st
     if activations != "float32" and weights != "gguf":
         raise ValueError(f"activations={activations!r} needs weights='gguf' (float32 weights take float32 "
                          f"activations), got weights={weights!r}")
+    from .quant import PREFILL
+    if prefill not in PREFILL:
+        raise ValueError(f"prefill must be one of {tuple(PREFILL)}, got {prefill!r}")
+    if prefill != "float32" and weights != "gguf":
+        raise ValueError(f"prefill={prefill!r} needs weights='gguf', got weights={weights!r}")
     if weights == "gguf":
         if Path(path).suffix != ".gguf":
             raise ValueError(f"weights='gguf' needs a .gguf file as path, got {path}")
         if dtype != torch.float32:
             raise ValueError(f"weights='gguf' runs in float32; dtype must be torch.float32, got {dtype}")
-        from .quant import quantize_from_gguf, set_activations
-        return set_activations(quantize_from_gguf(load_model(path, dtype), path), activations)
+        from .quant import quantize_from_gguf, set_activations, set_prefill
+        return set_prefill(set_activations(quantize_from_gguf(load_model(path, dtype), path), activations), prefill)
     path = _checkpoint_folder(path)
     if not path.is_dir() or not (path / "config.json").exists():
         raise FileNotFoundError(f"path must be a local checkpoint folder with config.json; {path} has none "

@@ -457,7 +457,10 @@ class Engine:
     def _prefill_attend(self, seq: Sequence):
         """Prefill attention for one chunk: the cached prefix from the store, the chunk's own K/V as computed
         (`prefill_attention(fresh=...)`: a quantised store's rounding applies to later reads only)."""
-        return lambda layer, q, k, v: prefill_attention(q, self.store, seq, layer, fresh=(k, v))
+        dt = self.model.prefill_dtype                     # float32, or bfloat16 (`quant.set_prefill`)
+        if dt is torch.float32:
+            return lambda layer, q, k, v: prefill_attention(q, self.store, seq, layer, fresh=(k, v))
+        return lambda layer, q, k, v: prefill_attention(q.to(dt), self.store, seq, layer, fresh=(k, v))
 
     def _forward(self, seq: Sequence, ids: torch.Tensor, attend) -> torch.Tensor:
         """Append `ids` to `seq` as one chunk (its tokens included); returns the logits of its last token [1, vocab]."""

@@ -416,7 +416,13 @@ class DecoderLayer(nn.Module):
 
 
 class Model(nn.Module):
-    """Random-weight (or loaded) decoder. See the module docstring for the cache contract."""
+    """Random-weight (or loaded) decoder. See the module docstring for the cache contract.
+
+    prefill_dtype: the dtype a prefill chunk's attention runs in (the Engine casts its queries, and with them the
+    keys and values it reads, to it); float32 but in the gguf weights mode's bfloat16 prefill (`quant.set_prefill`).
+    """
+
+    prefill_dtype = torch.float32
 
     def __init__(self, config: ModelConfig, seed: int | None = 0):
         super().__init__()

@@ -61,6 +61,7 @@ from ..core.checks import check_choice
 
 DECODE_ROWS = 16          # at most this many rows of x go through the kernel; more are a prefill chunk (MKL)
 ACTIVATIONS = ("float32", "int8")   # what a decode row of x is multiplied as (QuantLinear.activations)
+PREFILL = {"float32": torch.float32, "bfloat16": torch.bfloat16}   # a prefill chunk's matmul dtype (QuantLinear.prefill)
 _EPOCH = [0]                        # bumped by every set_activations, so a fused step can rebind (activation_epoch)
 
 
@@ -255,6 +256,9 @@ class QuantLinear(nn.Module):
     (`cpu_decode.qlinear_q8`), as llama.cpp's dot products are, for every layout but 8-bit codes in groups of 16 or
     with an offset (no GGUF format here makes them); those, prefill chunks and a build without the kernels keep
     float32 activations.
+    prefill "bfloat16": a prefill chunk's x and dequantised W are rounded to bfloat16 and multiplied by torch's
+    bfloat16 matmul (float32 accumulation; the result returned in float32), where a CPU with bfloat16 dot products
+    (AVX512_BF16, AMX) runs several times float32's rate; "float32" (the default) keeps the parity reference.
     """
 
     def __init__(self, w: QuantWeight, bias: torch.Tensor | None = None, activations: str = "float32"):
@@ -269,6 +273,12 @@ class QuantLinear(nn.Module):
         self._kernels = cpu_decode.available()                              # checked once per module
         self._dequant = torch.ops.sparsekv_cpu.qdequant if self._kernels else None
         self.set_activations(activations)
+        self.set_prefill("float32")
+
+    def set_prefill(self, prefill: str) -> None:
+        """Bind a prefill chunk's matmul dtype once: "float32" or "bfloat16" (class docstring)."""
+        check_choice("prefill", prefill, PREFILL)
+        self.prefill, self._prefill_dtype = prefill, PREFILL[prefill]
 
     def set_activations(self, activations: str) -> None:
         """Bind the decode rows' kernel once: int8 activations where this layout has them (class docstring)."""
@@ -298,12 +308,16 @@ class QuantLinear(nn.Module):
         if x2.shape[0] <= DECODE_ROWS and self._op is not None:                  # a decode step: the kernel
             y = self._op(x2, self.codes, self.scale, self.offset, self.bits, self.group)
             y = y if self.bias is None else y + self.bias
-        else:                                                                    # a prefill chunk: MKL
+        elif self._prefill_dtype is torch.float32:                             # a prefill chunk: MKL
             y = F.linear(x2, self.dequantized(), self.bias)
+        else:                                                                    # ... or a bfloat16 matmul
+            dt = self._prefill_dtype
+            y = F.linear(x2.to(dt), self.dequantized().to(dt)).float()
+            y = y if self.bias is None else y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        act = ", int8 activations" if self.int8_activations else ""
+        act = (", int8 activations" if self.int8_activations else "") + (f", {self.prefill} prefill" if self.prefill != "float32" else "")
         return (f"{self.in_features} -> {self.out_features}, {self.source} as {self.bits}-bit codes, group "
                 f"{self.group}{act}")
 
@@ -412,6 +426,18 @@ def set_activations(model: nn.Module, activations: str) -> nn.Module:
     for m in model.modules():
         if isinstance(m, QuantLinear):
             m.set_activations(activations)
+    return model
+
+
+def set_prefill(model: nn.Module, prefill: str) -> nn.Module:
+    """Every QuantLinear of `model` multiplies its prefill chunks in `prefill` ("float32" or "bfloat16": see
+    QuantLinear), and the model's prefill attention runs in the same dtype (`Model.prefill_dtype`, which the Engine
+    reads). Returns the model."""
+    check_choice("prefill", prefill, PREFILL)
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            m.set_prefill(prefill)
+    model.prefill_dtype = PREFILL[prefill]
     return model
 
 
