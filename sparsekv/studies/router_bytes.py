@@ -92,22 +92,14 @@ def summarize(rows: list[dict], cfg: GridConfig, store_configs: dict, num_q_head
     """Cells over the prompts dense answers in the reference block size, the McNemar tests of `pairs` ((a, b)
     method names; a pair naming a method the grid lacks is a ValueError), and every method's bytes.
     `store_configs`: block size -> the StoreConfig of that grid's engine."""
-    by = {(r["method"], r["prompt"]): r["correct"] for r in rows}
     ref = cfg.reference_block_size
-    ok = sorted(p for (m, p), c in by.items() if m == f"dense.bs{ref}" and c)
-    moved = {bs: len({p for (m, p), c in by.items() if m == f"dense.bs{bs}" and c} ^ set(ok))
-             for bs in cfg.block_sizes if bs != ref}
-    res = Summary(ok, moved)
-    for m in sorted({r["method"] for r in rows if r["scorer"] != "dense"}):
-        xs = [by[m, p] for p in ok]
-        if xs:
-            lo, hi = wilson(sum(xs), len(xs))
-            res.cells[m] = {"k": sum(xs), "n": len(xs), "acc": sum(xs) / len(xs), "lo": lo, "hi": hi}
-    for a, b in pairs:
-        missing = [m for m in (a, b) if m not in res.cells]
-        if missing:
-            raise ValueError(f"pairs name methods the grid lacks or that have no prompt: {missing}")
-        res.pairs[a, b] = mcnemar([by[a, p] for p in ok], [by[b, p] for p in ok])
+    routed = [r for r in rows if r["scorer"] != "dense" or r["block_size"] == ref]
+    ok, cells, tests = paired_cells(routed, pairs, dense=f"dense.bs{ref}")
+    missing = [m for pair in pairs for m in pair if m not in cells]
+    if missing:
+        raise ValueError(f"pairs name methods the grid lacks or that have no prompt: {missing}")
+    answered = lambda bs: {r["prompt"] for r in rows if r["method"] == f"dense.bs{bs}" and r["correct"]}  # noqa: E731
+    res = Summary(ok, {bs: len(answered(bs) ^ set(ok)) for bs in cfg.block_sizes if bs != ref}, cells, tests)
     for r in {(r["scorer"], r["budget"], r["block_size"]) for r in rows if r["scorer"] != "dense"}:
         scorer, budget, bs = r
         router, c = Router(scorer, token_budget=budget), store_configs[bs]
@@ -116,6 +108,36 @@ def summarize(rows: list[dict], cfg: GridConfig, store_configs: dict, num_q_head
         per_tile = router.scorer.vectors(c) * c.head_dim * c.summary_itemsize if scorer != "oracle" else 0
         res.held_per_token[name] = per_tile * c.num_kv_heads / bs
     return res
+
+
+def hybrid_grid(model, tok, length: int, prompts: int, seed: int, scorers, budgets, block_size: int = 16,
+                summaries=DEFAULT_SUMMARIES + ("khalf",), progress: bool = True) -> list[dict]:
+    """Passkey on a hybrid model (Gemma 3: routers route its global layers, the sliding ones read their window):
+    `prompts` held-out prompts (new keys at new depths: `jitter`), dense and every scorer at every budget on forks of
+    one prefill. Rows as `hybrid.answer_grid`'s, methods named "dense" and "<scorer>@<budget>"."""
+    engine = Engine(model, block_size=block_size, num_blocks=3 * (length // block_size + 64), prefix_cache=True,
+                    progress=False, summaries=summaries)
+    routers = {"dense": None, **{f"{s}@{b}": Router(s, token_budget=b) for s in scorers for b in budgets}}
+    rows, _ = hybrid.answer_grid(engine, tok, [length], prompts, routers, route_lengths=[length], tasks=("passkey",),
+                                 seed=seed, progress=progress, jitter=True)
+    return rows
+
+
+def paired_cells(rows: list[dict], pairs=(), dense: str = "dense") -> tuple[list, dict, dict]:
+    """Rows {prompt, method, correct} -> (the prompts `dense` answers, method -> Wilson cell {k, n, acc, lo, hi} over
+    them, (a, b) -> exact McNemar on them for each pair in `pairs`)."""
+    by = {(r["method"], r["prompt"]): bool(r["correct"]) for r in rows}
+    ok = sorted(p for (m, p), c in by.items() if m == dense and c)
+    cells, tests = {}, {}
+    for m in sorted({r["method"] for r in rows} - {dense}):
+        xs = [by[m, p] for p in ok]
+        if xs:
+            lo, hi = wilson(sum(xs), len(xs))
+            cells[m] = {"k": sum(xs), "n": len(xs), "acc": sum(xs) / len(xs), "lo": lo, "hi": hi}
+    for a, b in pairs:
+        if a in cells and b in cells:
+            tests[a, b] = mcnemar([by[a, p] for p in ok], [by[b, p] for p in ok])
+    return ok, cells, tests
 
 
 def tail_loss(model, tok, kinds=("prose", "code"), docs: int = 4, length: int = 4096, tail: int = 128,
@@ -159,4 +181,5 @@ def loss_summary(rows: list[dict], seed: int = 0) -> dict:
     return out
 
 
-__all__ = ["GridConfig", "method_name", "grid", "Summary", "summarize", "tail_loss", "loss_summary"]
+__all__ = ["GridConfig", "method_name", "grid", "Summary", "summarize", "hybrid_grid", "paired_cells", "tail_loss",
+           "loss_summary"]

@@ -556,7 +556,9 @@ FINDINGS.append(
             "at a 256-token budget ({ld:.0f} documents of {ll:,.0f} tokens per kind, the last {lt:.0f} tokens each), `halves`' "
             "next-token loss is {lp:+.3f} nats from dense's on prose (per-token bootstrap 95% interval {lpl:+.3f} to "
             "{lph:+.3f}) and {lc:+.3f} on code ({lcl:+.3f} to {lch:+.3f}); `minmax`'s {mp:+.3f} and {mc:+.3f}, and the "
-            "oracle's own {op:+.3f} and {oc:+.3f}.",
+            "oracle's own {op:+.3f} and {oc:+.3f}. On Gemma 3 270M's global layers at {gl:,.0f} tokens ({gn:.0f} of "
+            "{gp:.0f} new passkeys dense answers), `halves` answers {gh64:.0%} at 64 tokens, which {ghw}, and "
+            "{gh256:.0%} at 256, against the oracle's {go64:.0%} and {go256:.0%}.",
             {"n": (N16, "passkey.dense_ok"), "total": (N16, "passkey.prompts"),
              "h128": _h16("halves", 128), "o128": _h16("oracle", 128), "h64": _h16("halves", 64),
              "m64": _h16("minmax", 64), "o64": _h16("oracle", 64), "me8": _h16("mean", 64, 8),
@@ -569,7 +571,12 @@ FINDINGS.append(
                 for e, f in (("", "delta"), ("l", "lo"), ("h", "hi"))},
              "mp": (N16, "loss.prose.minmax@256.delta"), "mc": (N16, "loss.code.minmax@256.delta"),
              "op": (N16, "loss.prose.oracle@256.delta"), "oc": (N16, "loss.code.oracle@256.delta"),
-             "ld": (N16, "loss.docs"), "ll": (N16, "loss.length"), "lt": (N16, "loss.tail")}))
+             "ld": (N16, "loss.docs"), "ll": (N16, "loss.length"), "lt": (N16, "loss.tail"),
+             "gl": (N16, "gemma.length"), "gn": (N16, "gemma.passkey.dense_ok"), "gp": (N16, "gemma.passkey.prompts"),
+             **{f"g{x}{b}": (N16, f"gemma.passkey.{s}@{b}.acc_given_dense") for x, s in (("h", "halves"), ("o", "oracle"))
+                for b in (64, 256)},
+             "ghw": _paired_word("gemma.passkey.halves@64.acc_given_dense", "gemma.passkey.minmax@64.acc_given_dense",
+                                 "gemma.passkey.halves@64_vs_minmax@64.p", "`minmax`", N16)}))
 
 
 def load(figures: Path) -> Metrics:
