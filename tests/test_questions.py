@@ -127,6 +127,76 @@ def test_a_hybrid_model_s_press_compresses_its_global_layers_only(tiny_gemma_hf,
     assert held == qs.method_bytes(m, n, **geom)["held_bytes"]
 
 
+@pytest.fixture(scope="module")
+def tiny_llama_hf():
+    """transformers' LlamaForCausalLM with random weights: 3 layers, GQA 2, every layer global (kvpress hooks all)."""
+    import torch
+    import transformers
+    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    torch.manual_seed(1)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _layer_tensors(cache) -> list:
+    """Every tensor a cache layer holds (K/V, or HQQ's codes and meta), in a fixed order."""
+    out = []
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            out.append(getattr(layer, name))
+        for name in ("_quantized_keys", "_quantized_values"):
+            q = getattr(layer, name, None)
+            if q is not None:
+                codes, meta = q
+                out += [codes] + [meta[k] for k in sorted(meta) if isinstance(meta[k], __import__("torch").Tensor)]
+    return out
+
+
+@pytest.mark.parametrize("model", ["tiny_gemma_hf", "tiny_llama_hf"])
+def test_one_dense_prefill_gives_every_method_s_cache_bit_for_bit(model, request):
+    """peers.prefill_caches against prefilling once per method: every press at ratio 0.5 (a hybrid model's global
+    layers only), HQQ at 4 and 2 bits and dense hold the same tensors (torch.equal), and the next tokens' logits on
+    each are equal; peer_answers gives the same rows and bytes either way."""
+    import torch
+    hf = request.getfixturevalue(model)
+    n = 80
+    ids = torch.randint(0, 101, (n,), generator=torch.Generator().manual_seed(5)).tolist()
+    rest = torch.randint(0, 101, (1, 4), generator=torch.Generator().manual_seed(6))
+    pos = torch.arange(n, n + 4)[None]
+    methods = ([peers.PeerMethod("hf dense", "dense")]
+               + [peers.PeerMethod(p, "evict", p, 0.5) for p in peers.PRESSES]
+               + [peers.PeerMethod(f"hqq{b}", "quant", bits=b, group=32, residual=8) for b in (4, 2)])
+    shared = peers.prefill_caches(hf, ids, methods)
+    assert list(shared) == [m.name for m in methods]
+    assert not hasattr(hf.model.layers[0].self_attn, "_forward_hooks") or not hf.model.layers[0].self_attn._forward_hooks
+    for m in methods:
+        cache = peers.make_cache(hf, m)
+        with torch.no_grad(), peers.compressing(hf, m):
+            hf.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        a, b = _layer_tensors(shared[m.name]), _layer_tensors(cache)
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), m.name
+        assert peers.held_bytes(shared[m.name]) == peers.held_bytes(cache)
+        with torch.no_grad():
+            la = hf(input_ids=rest, past_key_values=shared[m.name], position_ids=pos, use_cache=True).logits
+            lb = hf(input_ids=rest, past_key_values=cache, position_ids=pos, use_cache=True).logits
+        assert torch.equal(la, lb), m.name
+    lens = [layer.keys.shape[-2] for layer in shared["SnapKVPress"].layers]
+    glob = peers.global_layers(hf.config) or range(len(lens))
+    assert all(lens[i] < 0.6 * n for i in glob), lens                   # the press did compress
+    with pytest.raises(TypeError, match="PeerMethod"):
+        peers.prefill_caches(hf, ids, ["SnapKVPress"])
+
+
+def test_peer_answers_are_the_same_from_one_prefill(tiny_gemma_hf):
+    import torch
+    ids = torch.randint(0, 101, (64,), generator=torch.Generator().manual_seed(8)).tolist()
+    qs_ = tuple(tasks.Question(f"q{i}", [3 + i, 5], [7 + i, 9], f"{i}", (0,)) for i in range(3))
+    doc = tasks.Document("passkey", ids, (tasks.Fact("f", (0, 1), 0.5),), qs_, len(ids), "random ids", 0)
+    methods = [peers.PeerMethod("hf dense", "dense"), peers.PeerMethod("Knorm@0.5", "evict", "KnormPress", 0.5),
+               peers.PeerMethod("hqq4", "quant", bits=4, group=32, residual=8)]
+    assert qs.peer_answers(tiny_gemma_hf, doc, methods) == qs.peer_answers(tiny_gemma_hf, doc, methods, shared=False)
+
+
 def test_hybrid_bytes_differ_only_in_the_global_layers():
     windows = (512, 512, 0, 512, 512, 0)
     geom = dict(layers=6, kv_heads=1, head_dim=256, block_size=16)
@@ -156,7 +226,8 @@ def test_a_study_config_names_the_bad_argument():
     assert ok.task_names == ("passkey", "multi-key", "fact-prose") and ok.presses == peers.PRESSES
     for bad, match in (({"rule": "quest"}, "rule must be one of"), ({"task_names": ["passkey", "haystack"]}, "task_names"),
                        ({"task_names": []}, "task_names"), ({"length": 0}, "length must be a positive int"),
-                       ({"docs": 2.0}, "docs must be a positive int"), ({"budget": True}, "budget")):
+                       ({"docs": 2.0}, "docs must be a positive int"), ({"budget": True}, "budget"),
+                       ({"scorers": ["minmax", "quest"]}, "scorers must name scorers")):
         with pytest.raises(ValueError, match=match):
             paired.StudyConfig("model.gguf", **bad)
 

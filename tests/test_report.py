@@ -74,3 +74,19 @@ def test_a_rejected_hypothesis_is_recorded_and_does_not_fail_the_run(tmp_path):
     checks.finding("a real finding", 0.0, ">", 1)
     with pytest.raises(AssertionError, match="a real finding"):
         write_metrics(tmp_path / "m.json", "x", {"share": 0.16}, checks)
+
+
+def test_every_registered_scorer_is_drawn_in_a_router_colour_never_dense_s():
+    """A paired-study figure styles each method family: every scorer of the registry (`halves`, added after the
+    palette, among them) gets its router colour and a circle, distinct from dense's, the presses' grey and HQQ's, and
+    no two scorers share a colour except `hminmax`, minmax's hierarchical variant."""
+    from sparsekv.routing.scorers import SCORERS
+    from sparsekv.suite import viz
+    dense = viz.method_style("dense")["color"]
+    for name in SCORERS:
+        style = viz.method_style(name)
+        assert style["color"] == viz.router_color(name) and style["marker"] == "o", name
+        assert style["color"] not in (dense, viz.QUANT_COLOR, "#777777"), name
+    colours = [viz.router_color(n) for n in SCORERS if n != "hminmax"]
+    assert len(set(colours)) == len(colours) and viz.router_color("hminmax") == viz.router_color("minmax")
+    assert viz.method_style("Knorm")["color"] == "#777777" and viz.method_style("HQQ4")["color"] == viz.QUANT_COLOR

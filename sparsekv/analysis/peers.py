@@ -23,6 +23,7 @@ kvpress and the quantisation backends are optional imports (`pip install -e ".[p
 from __future__ import annotations
 
 import contextlib
+import copy
 import statistics
 import time
 from dataclasses import dataclass
@@ -143,6 +144,68 @@ def compressing(hf, method: PeerMethod):
     finally:
         for h in hooks:
             h.remove()
+
+
+@torch.no_grad()
+def prefill_caches(hf, ids: list[int], methods: list[PeerMethod]) -> dict:
+    """Every method's cache after prefilling `ids`, from one dense forward pass: name -> cache, the same tensors that
+    prefilling once per method (`make_cache` under `compressing`) leaves (tested bit for bit).
+
+    Why one pass is enough: a press compresses a layer's cache in a hook after that layer's attention has run on the
+    whole prefill, and HQQ's `QuantizedCache` returns its input unquantised on the first update, so no method changes
+    the hidden states a prefill computes; each differs only in what its cache keeps. Here every press's `compress`
+    runs in one hook on the dense cache's K/V of each layer it compresses (kvpress's layers, or a hybrid model's
+    global layers), with that layer's own RoPE as in `compressing`; each quantised cache receives, layer by layer,
+    the K/V states the dense cache's `update` was given. A transformers prefill of n tokens costs one forward
+    instead of len(methods); the caches are held at once (a press's copy keeps its sliding layers' windows)."""
+    for m in methods:
+        if not isinstance(m, PeerMethod):
+            raise TypeError(f"methods must be PeerMethods, got {type(m).__name__}")
+    presses = {m.name: make_press(m) for m in methods if m.family == "evict"}
+    for press in presses.values():
+        press.post_init_from_model(hf)
+    glob = global_layers(hf.config)
+    dense = make_cache(hf, PeerMethod("dense", "dense"))
+    states, kept = {}, {name: {} for name in presses}
+    update = dense.update
+
+    def recording(keys, values, layer_idx, cache_kwargs=None):
+        states[layer_idx] = (keys, values)
+        return update(keys, values, layer_idx, cache_kwargs)
+
+    def compress(module, args, kwargs, output):
+        layer = dense.layers[module.layer_idx]
+        for name, press in presses.items():
+            kept[name][module.layer_idx] = press.compress(module, kwargs["hidden_states"], layer.keys, layer.values,
+                                                          output[1], kwargs)
+        return output
+
+    hooks = []
+    dense.update = recording
+    try:
+        if presses:
+            for i in range(hf.config.num_hidden_layers) if glob is None else glob:
+                attn = hf.model.layers[i].self_attn
+                attn.rotary_emb = (hf.model.rotary_emb if glob is None
+                                   else _LayerRope(hf.model.rotary_emb, hf.config.layer_types[i]))
+                hooks.append(attn.register_forward_hook(compress, with_kwargs=True))
+        hf.model(input_ids=torch.tensor([list(ids)]), past_key_values=dense, use_cache=True)
+    finally:
+        for h in hooks:
+            h.remove()
+        del dense.update
+    out = {}
+    for m in methods:
+        if m.family == "quant":
+            cache = make_cache(hf, m)
+            for i in sorted(states):
+                cache.update(*states[i], i)
+        else:
+            cache = copy.deepcopy(dense)
+            for i, (keys, values) in kept.get(m.name, {}).items():
+                cache.layers[i].keys, cache.layers[i].values = keys, values
+        out[m.name] = cache
+    return out
 
 
 def held_bytes(cache) -> tuple[int, int]:

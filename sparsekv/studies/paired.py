@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..analysis import peers, tasks
+from ..routing.scorers import SCORERS
+from ..storage.summaries import DEFAULT_SUMMARIES
 from . import questions as qs
 
 
@@ -47,6 +49,9 @@ class StudyConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        unknown = [s for s in self.scorers if s not in SCORERS]
+        if unknown:
+            raise ValueError(f"scorers must name scorers of {list(SCORERS)}, got {list(self.scorers)!r}")
         if self.rule not in qs.RULES:
             raise ValueError(f"rule must be one of {qs.RULES}, got {self.rule!r}")
         unknown = [t for t in self.task_names if t not in tasks.GENERATORS]
@@ -111,8 +116,9 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     hf = peers.hf_model(converted_folder(Path(cfg.model_path)))
     c = model.config
     windows = tuple(c.windows) if any(c.windows) else None
+    reads = (r for s in cfg.scorers for r in SCORERS[s].reads)       # the summaries the scorers read, e.g. khalf
     engine = sk.Engine(model, block_size=cfg.block_size, num_blocks=2 * (cfg.length // cfg.block_size + 16),
-                       progress=False)
+                       progress=False, summaries=tuple(dict.fromkeys(DEFAULT_SUMMARIES + tuple(reads))))
     st = Study(cfg, fetch.title(cfg.model_path), windows, qs.lossless_methods(cfg.scorers, [cfg.budget]),
                qs.peer_methods(cfg.presses, [cfg.budget], cfg.length, cfg.bits))
     documents = [tasks.make(t, tok, cfg.length, cfg.n_facts, seed=cfg.seed0 + d)
@@ -142,7 +148,7 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
 
     b = cfg.budget
     pairs = {"oracle vs dense": (f"oracle@{b}", "dense"), "minmax vs SnapKV": (f"minmax@{b}", f"SnapKV@{b}"),
-             "minmax vs hqq2": (f"minmax@{b}", "hqq2")}
+             "minmax vs hqq2": (f"minmax@{b}", "hqq2"), "halves vs minmax": (f"halves@{b}", f"minmax@{b}")}
     st.pairs = {k: v for k, v in pairs.items() if v[0] in st.methods and v[1] in st.methods}
     st.tests = {(t, k): qs.paired(st.rows, a, bb, task=t, length=cfg.length)
                 for t in cfg.task_names for k, (a, bb) in st.pairs.items()}

@@ -90,19 +90,26 @@ def lossless_answers(engine, doc: tasks.Document, methods: list[Lossless], rule:
 
 
 @torch.no_grad()
-def peer_answers(hf, doc: tasks.Document, methods: list[peers.PeerMethod], progress=None) -> tuple[list[dict], dict]:
-    """Each method prefills `doc.ids` once (with its press or quantised cache); every question then runs on a deep
-    copy of that cache: the question and the answer's first len(answer) - 1 tokens in one forward pass, at the
-    positions after the document (as kvpress continues them), scored teacher-forced. Returns (rows, held) where
+def peer_answers(hf, doc: tasks.Document, methods: list[peers.PeerMethod], progress=None,
+                 shared: bool = True) -> tuple[list[dict], dict]:
+    """Each method's cache holds `doc.ids` after a prefill with its press or quantised cache; every question then runs
+    on a deep copy of that cache: the question and the answer's first len(answer) - 1 tokens in one forward pass, at
+    the positions after the document (as kvpress continues them), scored teacher-forced. Returns (rows, held) where
     held[name] is the bytes the compressed cache holds after the prefill (`peers.held_bytes`).
 
+    shared: every method's cache from one dense prefill (`peers.prefill_caches`: the same tensors, one forward instead
+    of len(methods)); False prefills once per method, the reference path.
     progress: an optional callable run after each (method, question)."""
     rows, held = [], {}
     n = len(doc.ids)
+    caches = peers.prefill_caches(hf, doc.ids, methods) if shared else {}
     for m in methods:
-        cache = peers.make_cache(hf, m)
-        with peers.compressing(hf, m):
-            hf.model(input_ids=torch.tensor([doc.ids]), past_key_values=cache, use_cache=True)
+        if shared:
+            cache = caches.pop(m.name)
+        else:
+            cache = peers.make_cache(hf, m)
+            with peers.compressing(hf, m):
+                hf.model(input_ids=torch.tensor([doc.ids]), past_key_values=cache, use_cache=True)
         held[m.name] = peers.held_bytes(cache)[0]
         for i, q in enumerate(doc.questions):
             feed = q.ids + q.answer[:-1]

@@ -442,6 +442,7 @@ def _pair16(a: tuple, b: tuple, label: str) -> Callable[[Metrics], str]:
 
 N14, B14 = "14_paired_questions", 256          # notebook 14 and the token budget its full run uses
 N15 = "15_paired_questions_gemma"               # notebook 15: the same study on Gemma 3 270M, at the same budget
+N17 = "17_paired_questions_gemma_8k"            # notebook 17: notebook 15's study at 8k tokens
 
 
 def _best_press14(task: str, n: str = N14):
@@ -489,7 +490,7 @@ def _router_vs_press(task: str, n: str):
     def f(m: Metrics) -> str:
         acc = {k.removeprefix(f"acc.{task}.").removesuffix(f"@{B14}"): v for k, v in m[n].items()
                if k.startswith(f"acc.{task}.") and k.endswith(f"@{B14}")}
-        routers = {k: v for k, v in acc.items() if k in ("minmax", "mean")}
+        routers = {k: v for k, v in acc.items() if k in ("minmax", "mean", "halves")}
         presses = {k: v for k, v in acc.items() if k in PRESSES}
         r, p = max(routers, key=lambda k: (routers[k], k)), max(presses, key=lambda k: (presses[k], k))
         word = "at least as many as" if routers[r] >= presses[p] else "fewer than"
@@ -501,7 +502,7 @@ def _quant_vs_routers(method: str, n: str):
     """Whether `method` reads fewer bytes per step than every router of notebook `n`, in words."""
     def f(m: Metrics) -> str:
         routers = {k.split(".")[1]: v for k, v in m[n].items() if k.startswith("bytes.") and k.endswith(".read")
-                   and k.split(".")[1].split("@")[0] in ("minmax", "mean", "oracle")}
+                   and k.split(".")[1].split("@")[0] in ("minmax", "mean", "halves", "oracle")}
         q = m[n][f"bytes.{method}.read"]
         side = "fewer" if q < min(routers.values()) else "more" if q > max(routers.values()) else "about as many"
         return (f"{method} reads {side} bytes per step than the routers ({q:.2f} against "
@@ -543,6 +544,19 @@ FINDINGS.append(
             "{dis:.0f} of the {nall:.0f} questions.",
             {**_paired_values(N15, _T15),
              "rp": _router_vs_press("passkey", N15), "q4": _quant_vs_routers("hqq4", N15)}))
+
+_T17 = [_task14("passkey", N17)]
+FINDINGS.append(
+    Finding("**Paired questions on Gemma 3 270M at 8k tokens (notebook 17).** Notebook 15's study at {L:,.0f} tokens, "
+            "where a " + str(B14) + "-token budget is {frac:.1%} of the context: {n:.0f} keyed passkey questions (8 per "
+            "document, chosen on a dense-only pilot), each on its own copy of one prefill. " + _T17[0][0] + "; `halves@" + str(B14) + "` answers {h:.0%}, which {hw}. On passkey {rp}. Per "
+            "decode step, over the whole model, `minmax@" + str(B14) + "` reads {rr:.2f} of a bf16 dense cache's K/V "
+            "bytes and holds {hr:.2f}; a press reads and holds {rs:.2f}, HQQ 4-bit {rh4:.2f} and 2-bit {rh:.2f}: {q4}. "
+            "sparsekv's dense answers and transformers' differ on {dis:.0f} of the {nall:.0f} questions.",
+            {**_paired_values(N17, _T17), "frac": lambda m: B14 / m[N17]["document_tokens"],
+             "h": (N17, f"acc.passkey.halves@{B14}"),
+             "hw": _versus14("passkey", f"halves@{B14}", f"minmax@{B14}", "halves_vs_minmax", f"`minmax@{B14}`", N17),
+             "rp": _router_vs_press("passkey", N17), "q4": _quant_vs_routers("hqq4", N17)}))
 
 FINDINGS.append(
     Finding("**A router at Quest's bytes that reaches the oracle (notebook 16, SmolLM2 at 2k tokens, held-out "

@@ -54,8 +54,11 @@ def plot_block_tables(store: BlockStore, seqs: dict[str, Sequence], ax_tables=No
 # (and dashed where it is a line), so it never shares a hue with a router: its old vermillion sat beside
 # mean's orange for deuteranopes.
 COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+# Okabe-Ito: each router its own colour, HQQ's sky blue left to quantisation; `hminmax` (hierarchical min/max bounds)
+# shares minmax's, as a variant of it
 ROUTER_COLORS = {"minmax": "#0072B2", "mean": "#E69F00", "repr": "#009E73", "oracle": "#000000",
-                 "recency": "#CC79A7", "random": "#999999", "dense": "#555555"}
+                 "recency": "#CC79A7", "random": "#999999", "dense": "#555555", "halves": "#D55E00",
+                 "labels": "#F0E442", "hminmax": "#0072B2"}
 QUERY_BLIND = ("recency", "random")
 OTHER = "#8c8c8c"                   # anything without a colour of its own (never a router's)
 SEQUENTIAL_CMAP = "cividis"         # heatmaps: perceptually uniform and readable with any colour vision
@@ -63,13 +66,9 @@ QUANT_COLOR = "#56B4E9"             # HQQ quantisation (sky blue: no router's co
 
 
 def router_color(name: str) -> str:
-    """The colour of a router (or "scorer@budget" method) by its scorer name; routers added later take
-    `COLORS` in order after the named ones, so two new routers never share a colour."""
-    key = name.split("@")[0].split(" ")[0]
-    if key in ROUTER_COLORS:
-        return ROUTER_COLORS[key]
-    spare = [c for c in COLORS if c not in ROUTER_COLORS.values()]
-    return spare[sum(map(ord, key)) % len(spare)] if spare else OTHER
+    """The colour of a router (or "scorer@budget" method) by its scorer name (`ROUTER_COLORS`); a scorer registered
+    later without one is drawn in `OTHER`, which no named router or HQQ uses."""
+    return ROUTER_COLORS.get(name.split("@")[0].split(" ")[0], OTHER)
 
 
 def router_style(name: str) -> str:
@@ -114,7 +113,8 @@ def method_style(family: str) -> dict:
         return {"color": router_color(family.removeprefix("int8 ")), "marker": "s", "ls": "--"}
     if family.endswith(" qdense"):       # Quest's protocol: the question dense, only answer steps routed
         return {"color": router_color(family.removesuffix(" qdense")), "marker": "^", "ls": "-."}
-    if family in ROUTER_COLORS:
+    from ..routing.scorers import SCORERS
+    if family in ROUTER_COLORS or family in SCORERS:      # every registered scorer, `halves` among them
         return {"color": router_color(family), "marker": "o", "ls": "-"}
     if family in PRESS_MARKERS:
         return {"color": "#777777", "marker": PRESS_MARKERS[family], "ls": ":" if family != "SnapKV+q1" else "-."}
