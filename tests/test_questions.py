@@ -43,12 +43,40 @@ def test_every_method_answers_the_same_questions_and_nothing_removed_changes_no_
         assert by[("hf dense", i)]["correct"] == dense["correct"]              # the two engines agree
         assert by[("SnapKV@0", i)]["correct"] == by[("hf dense", i)]["correct"]  # a press at ratio 0 is dense
         assert dense["depth"] == doc.facts[doc.questions[i].facts[0]].depth
+        # the answer tokens against each engine's own dense: itself exactly; what removes nothing within rounding
+        assert (dense["top1"], dense["kl"]) == (1.0, 0.0) and (by[("hf dense", i)]["top1"], by[("hf dense", i)]["kl"]) \
+            == (1.0, 0.0)
+        for m in ("minmax@all", "SnapKV@0"):
+            assert by[(m, i)]["top1"] == 1.0 and abs(by[(m, i)]["kl"]) < 1e-5, (m, by[(m, i)])
+        assert by[("minmax@32", i)]["kl"] >= -1e-9
+    assert max(by[("minmax@32", i)]["kl"] for i in range(n)) > 1e-4          # a 32-token budget does change them
     assert sum(by[("dense", i)]["correct"] for i in range(n)) >= n // 2    # the model retrieves at this length
     geom = dict(layers=model.config.n_layers, kv_heads=model.config.n_kv_heads, head_dim=64)
     for m in lossy:                      # what the float32 caches held after the prefill, against the byte model
         assert held[m.name] == qs.method_bytes(m, len(doc.ids), itemsize=4, residual=0, **geom)["held_bytes"]
     with pytest.raises(ValueError, match="rule"):
         qs.lossless_answers(engine, doc, lossless, rule="quest")
+
+
+def test_routing_over_int8_blocks_answers_beside_the_exact_store(smol):
+    """int8 methods run on their own store (`Engine(kv_bits=8)`), prefilled once, and are compared with exact dense:
+    one answer per (question, method), int8's KL to exact dense small but not zero, and a full budget over int8
+    blocks answers as int8 dense; a method whose store has no engine is refused before anything is prefilled."""
+    model, tok, _ = smol
+    doc = tasks.make("passkey", tok, 384, 4, seed=9)
+    engines = {b: sk.Engine(model, block_size=16, num_blocks=128, progress=False, kv_bits=b) for b in (0, 8)}
+    methods = qs.lossless_methods(["minmax"], [1024], int8_scorers=["minmax"])
+    assert [(m.name, m.kv_bits) for m in methods] == [("dense", 0), ("minmax@1024", 0), ("int8 dense", 8),
+                                                      ("int8 minmax@1024", 8)]
+    rows = qs.lossless_answers(engines, doc, methods)
+    by = {(r["method"], r["question"]): r for r in rows}
+    assert len(rows) == 4 * len(doc.questions) and all(e.store.num_free_blocks == 128 for e in engines.values())
+    for i in range(len(doc.questions)):
+        assert by[("int8 minmax@1024", i)]["correct"] == by[("int8 dense", i)]["correct"]
+        assert 0 < by[("int8 dense", i)]["kl"] < 0.05 and by[("int8 minmax@1024", i)]["kl"] < 0.05
+    with pytest.raises(ValueError, match="kv_bits"):
+        qs.lossless_answers(engines[0], doc, methods)
+    assert engines[0].store.num_free_blocks == 128
 
 
 def test_bytes_per_family_against_bf16_dense():
@@ -60,6 +88,9 @@ def test_bytes_per_family_against_bf16_dense():
     routed = qs.method_bytes(qs.Lossless("minmax@256", sk.Router("minmax", token_budget=256), 256), tokens,
                              store_config=sc, **geom)
     assert routed["held"] == dense["held"] and 256 / tokens < routed["read"] < 2 * 256 / tokens
+    int8 = qs.method_bytes(qs.Lossless("int8 dense", kv_bits=8), tokens, store_config=sc, **geom)
+    assert int8["read"] == (64 + 2) / (64 * 2)                             # int8 codes and a bf16 scale per row
+    assert int8["held"] - (64 + 2) / (64 * 2) == pytest.approx(dense["held"] - 1.0)   # the same summaries
     press = qs.method_bytes(peers.PeerMethod("SnapKV@256", "evict", "SnapKVPress", 1 - 256 / tokens), tokens, **geom)
     assert press["read"] == press["held"] == 256 / tokens
     hqq = {b: qs.method_bytes(peers.PeerMethod(f"hqq{b}", "quant", bits=b), tokens, **geom) for b in (2, 4, 8)}
@@ -78,6 +109,70 @@ def test_cells_and_the_paired_test():
     assert (r["a_only"], r["b_only"]) == (3, 0)
     with pytest.raises(ValueError, match="no common question"):
         qs.paired(rows, "a", "b", task="other")
+
+
+def test_dialogue_rows_are_their_own_task_with_their_order(smol):
+    import dataclasses
+    model, tok, hf = smol
+    doc = tasks.make("passkey", tok, 384, 4, seed=11)
+    both = dataclasses.replace(doc, questions=doc.questions + tasks.two_turn(tok, doc, 2, seed=3))
+    engine = sk.Engine(model, block_size=16, num_blocks=128, progress=False)
+    rows = qs.lossless_answers(engine, both, [qs.Lossless("dense")])
+    prow, _ = qs.peer_answers(hf, both, [peers.PeerMethod("hf dense", "dense")])
+    for rs in (rows, prow):
+        assert [r["task"] for r in rs] == ["passkey"] * 4 + ["passkey 2-turn"] * 2
+        assert [r["order"] for r in rs[4:]] == ["earlier first", "later first"] and "order" not in rs[0]
+        assert all(r["first_depth"] != r["depth"] for r in rs[4:])
+    assert [r["correct"] for r in rows] == [r["correct"] for r in prow]          # the two engines agree here too
+    assert qs.turn_effect(rows, "dense", "passkey")["n"] == 2
+
+
+def test_a_first_turn_s_effect_is_paired_by_question():
+    alone = [1, 1, 0, 1, 0, 1]
+    second = [1, 0, 0, 0, 1, 1]
+    rows = [{"task": "t", "length": 8, "doc": 0, "question": i, "text": f"q{i}", "method": "m", "correct": bool(c)}
+            for i, c in enumerate(alone)]
+    rows += [{"task": "t 2-turn", "length": 8, "doc": 0, "question": 5 - i, "text": f"q{i}", "method": "m",
+              "correct": bool(c), "order": "later first"} for i, c in enumerate(second)]   # matched by text
+    r = qs.turn_effect(rows, "m", "t")
+    assert r == {**stats.mcnemar(alone, second), "acc_a": 4 / 6, "acc_b": 3 / 6} and (r["a_only"], r["b_only"]) == (2, 1)
+    with pytest.raises(ValueError, match="asked both alone and in a dialogue"):
+        qs.turn_effect(rows, "other", "t")
+
+
+def test_answer_agreement_on_hand_computed_cases():
+    import math
+
+    import torch
+
+    from sparsekv.analysis import observe
+    ref = torch.tensor([[0.5, 0.5], [0.9, 0.1], [1.0, 0.0]]).log()      # step 1 ties: argmax is token 0
+    other = torch.tensor([[0.25, 0.75], [0.9, 0.1], [0.5, 0.5]]).log()
+    got = observe.answer_agreement(ref, other)
+    kl = [0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75), 0.0, math.log(1.0 / 0.5)]   # 0 log 0 = 0
+    assert got["steps"] == 3 and got["top1"] == pytest.approx(2 / 3) and got["kl"] == pytest.approx(sum(kl) / 3)
+    assert observe.answer_agreement(ref, ref) == {"top1": 1.0, "kl": 0.0, "steps": 3}
+    with pytest.raises(ValueError, match="reference and other"):
+        observe.answer_agreement(ref, other[:2])
+    with pytest.raises(ValueError, match="A >= 1"):
+        observe.answer_agreement(ref[:0], other[:0])
+    with pytest.raises(TypeError, match="torch tensors"):
+        observe.answer_agreement(ref.tolist(), other)
+
+
+def test_agreement_cells_and_the_paired_kl_difference():
+    rows = [{"task": "t", "length": 8, "doc": 0, "question": i, "method": m, "correct": True, "top1": a, "kl": k}
+            for m, vals in (("a", [(1.0, 0.1), (0.5, 0.3), (1.0, 0.2)]), ("b", [(1.0, 0.2), (0.0, 0.5), (0.5, 0.2)]))
+            for i, (a, k) in enumerate(vals)]
+    rows.append({**rows[0], "method": "c", "top1": None, "kl": None})       # no dense to compare with: left out
+    cells = {c["method"]: c for c in qs.agreement_cells(rows)}
+    assert set(cells) == {"a", "b"} and cells["a"]["n"] == 3
+    assert cells["a"]["top1"] == pytest.approx(2.5 / 3) and cells["b"]["kl"] == pytest.approx(0.9 / 3)
+    assert cells["a"]["kl_lo"] <= cells["a"]["kl"] <= cells["a"]["kl_hi"] and 0.1 <= cells["a"]["kl_lo"]
+    d = qs.paired_kl(rows, "a", "b", task="t", length=8)                     # differences -0.1, -0.2, 0.0
+    assert d["n"] == 3 and d["mean"] == pytest.approx(-0.1) and -0.2 - 1e-12 <= d["lo"] <= d["hi"] <= 1e-12
+    with pytest.raises(ValueError, match="no common question"):
+        qs.paired_kl(rows, "a", "c")
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +289,10 @@ def test_peer_answers_are_the_same_from_one_prefill(tiny_gemma_hf):
     doc = tasks.Document("passkey", ids, (tasks.Fact("f", (0, 1), 0.5),), qs_, len(ids), "random ids", 0)
     methods = [peers.PeerMethod("hf dense", "dense"), peers.PeerMethod("Knorm@0.5", "evict", "KnormPress", 0.5),
                peers.PeerMethod("hqq4", "quant", bits=4, group=32, residual=8)]
-    assert qs.peer_answers(tiny_gemma_hf, doc, methods) == qs.peer_answers(tiny_gemma_hf, doc, methods, shared=False)
+    shared = qs.peer_answers(tiny_gemma_hf, doc, methods)
+    assert shared == qs.peer_answers(tiny_gemma_hf, doc, methods, shared=False)        # KL and top-1 included
+    kl = {(r["method"], r["question"]): r["kl"] for r in shared[0]}
+    assert all(kl[("hf dense", i)] == 0.0 for i in range(3)) and min(kl[("Knorm@0.5", i)] for i in range(3)) > 0
 
 
 def test_hybrid_bytes_differ_only_in_the_global_layers():
@@ -224,10 +322,15 @@ def test_a_study_config_names_the_bad_argument():
     from sparsekv.studies import paired
     ok = paired.StudyConfig("model.gguf")
     assert ok.task_names == ("passkey", "multi-key", "fact-prose") and ok.presses == peers.PRESSES
+    assert ok.int8_scorers == () and paired.StudyConfig("m.gguf", int8_scorers=["halves"]).int8_scorers == ("halves",)
     for bad, match in (({"rule": "quest"}, "rule must be one of"), ({"task_names": ["passkey", "haystack"]}, "task_names"),
                        ({"task_names": []}, "task_names"), ({"length": 0}, "length must be a positive int"),
                        ({"docs": 2.0}, "docs must be a positive int"), ({"budget": True}, "budget"),
-                       ({"scorers": ["minmax", "quest"]}, "scorers must name scorers")):
+                       ({"scorers": ["minmax", "quest"]}, "scorers must name scorers"),
+                       ({"int8_scorers": ["halfs"]}, "int8_scorers must name scorers"),
+                       ({"dialogues": 3}, "dialogues must be 0 or an even int"),
+                       ({"dialogues": 14, "n_facts": 26}, "at most n_facts // 2 = 13"),
+                       ({"dialogues": True}, "dialogues")):
         with pytest.raises(ValueError, match=match):
             paired.StudyConfig("model.gguf", **bad)
 

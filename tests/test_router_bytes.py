@@ -27,8 +27,22 @@ def test_summarize_refuses_a_pair_the_grid_lacks():
     for r in rows:
         if r["method"] == "dense":
             r["method"] = "dense.bs16"
-    cfg = rb.GridConfig(prompts=4, scorers=("a", "b"), budgets=(64,), block_sizes=(16,))
+    cfg = rb.GridConfig(prompts=4, scorers=("a", "b"), budgets=(64,), block_sizes=(16,), summaries=("kmean",))
     with pytest.raises(ValueError, match="pairs name methods"):
         rb.summarize(rows, cfg, {}, 9, pairs=[("a@64.bs16", "c@64.bs16")])
     with pytest.raises(ValueError, match="prompts must be a positive int"):
         rb.GridConfig(prompts=0)
+
+
+def test_the_summaries_a_store_keeps_for_its_scorers():
+    """One helper names what `paired.run` and `router_bytes` key their stores with: the defaults, then what the
+    scorers read beyond them, in order, once; the grid's default is what it kept before the helper (the defaults and
+    `khalf`), and an unknown scorer is named."""
+    from sparsekv.routing.scorers import summaries_for
+    from sparsekv.storage.summaries import DEFAULT_SUMMARIES
+    assert summaries_for(("minmax", "halves", "halves", "mean")) == DEFAULT_SUMMARIES + ("khalf",)
+    assert summaries_for("oracle") == summaries_for(()) == DEFAULT_SUMMARIES
+    assert rb.GridConfig().summaries == DEFAULT_SUMMARIES + ("khalf",)
+    assert rb.GridConfig(scorers=("minmax",)).summaries == DEFAULT_SUMMARIES
+    with pytest.raises(ValueError, match="'halfs'"):
+        summaries_for(["minmax", "halfs"])

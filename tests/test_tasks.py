@@ -3,6 +3,7 @@ check catches an instance that does not; asking on a fork equals scoring the who
 import dataclasses
 
 import pytest
+import torch
 
 import sparsekv as sk
 from sparsekv.analysis import observe, tasks
@@ -36,6 +37,33 @@ def test_multi_key_plants_a_similar_distractor_for_every_key(tok):
         adj, noun = k.split(" ", 1)
         partner = [o for o in keys if o != k and o.split(" ", 1)[0] == adj and o.split(" ", 1)[1][:3] == noun[:3]]
         assert partner, k
+
+
+def test_two_turn_dialogues_are_counterbalanced_and_follow_a_true_first_answer(tok):
+    """Each dialogue asks a question of the document, takes its true answer, then asks a second one in the model's own
+    turn format; the questions are distinct, exactly half the dialogues ask the later fact first, and the instance
+    is seeded. A bad count is refused."""
+    doc = tasks.make("passkey", tok, 1024, 8, seed=5)
+    dialogues = tasks.two_turn(tok, doc, 4, seed=1)
+    assert dialogues == tasks.two_turn(tok, doc, 4, seed=1) and dialogues != tasks.two_turn(tok, doc, 4, seed=2)
+    by_text = {q.text: q for q in doc.questions}
+    asked = [d.first.text for d in dialogues] + [d.text for d in dialogues]
+    assert len(set(asked)) == 8 and set(asked) <= set(by_text)
+    depth = lambda q: doc.facts[q.facts[0]].depth
+    assert [depth(d.first) > depth(d) for d in dialogues] == [False, True, False, True]
+    for d in dialogues:
+        alone = by_text[d.text]
+        assert (d.answer, d.answer_text, d.facts, d.prefix) == (alone.answer, alone.answer_text, alone.facts, alone.prefix)
+        head = d.first.ids + d.first.answer
+        assert d.ids[:len(head)] == head and d.first.answer == by_text[d.first.text].answer
+        turn = tok.decode(d.ids[len(head):])
+        assert d.text in turn and turn.endswith(d.prefix)
+        assert ("<|im_start|>user" in turn) if tok.chat_template else turn.startswith(".\n\nQuestion: ")
+    for bad in (3, 0, 6, True, 2.0):
+        with pytest.raises(ValueError, match="n must be an even int"):
+            tasks.two_turn(tok, doc, bad)
+    with pytest.raises(ValueError, match="every question must name one fact"):
+        tasks.two_turn(tok, dataclasses.replace(doc, questions=dialogues), 2)
 
 
 def test_variable_questions_need_their_whole_chain(tok):
@@ -98,6 +126,15 @@ def test_asking_on_a_fork_equals_scoring_the_whole_prompt_and_a_full_budget_is_d
         direct = observe.score_answer(engine, whole, q.ids[-1], q.answer, None)
         engine.finish(whole)
         assert (asked.correct, asked.steps) == (direct.correct, direct.steps)
+        kept = tasks.ask(engine, seq, q, keep_logprobs=True)           # every step's log-probabilities, same verdict
+        assert (kept.correct, kept.steps) == (asked.correct, asked.steps) and asked.logprobs is None
+        assert kept.logprobs.shape == (len(q.answer), model.config.vocab_size)
+        assert torch.allclose(kept.logprobs.logsumexp(-1), torch.zeros(len(q.answer)), atol=1e-4)
+        assert kept.correct == (kept.logprobs.argmax(-1).tolist() == q.answer)
+        wrong = dataclasses.replace(q, answer=[q.answer[0] + 1] + q.answer[1:])
+        w, kw = tasks.ask(engine, seq, wrong), tasks.ask(engine, seq, wrong, keep_logprobs=True)
+        assert (w.correct, w.steps) == (kw.correct, kw.steps) == (False, 1)   # it stops at step 1; kept runs on
+        assert len(w.step_seconds) == 1 and kw.logprobs.shape[0] == len(q.answer) == len(kw.step_seconds)
         for rule in ("dense", "routed"):
             routed = tasks.ask(engine, seq, q, full, rule=rule)
             assert (routed.correct, routed.steps) == (asked.correct, asked.steps)

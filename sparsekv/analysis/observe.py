@@ -26,8 +26,9 @@ from .prompts import PromptProbe
 @dataclass
 class Answer:
     correct: bool
-    steps: int                      # decode steps run (stops at the first wrong token)
+    steps: int                      # steps to decide: the first wrong token's step + 1, or every step when correct
     step_seconds: list[float] = field(default_factory=list)
+    logprobs: torch.Tensor | None = None    # [len(answer), vocab] float32 log-softmax of every step (keep_logprobs)
 
 
 def prefill_probe(engine: Engine, ids: list[int]) -> Sequence:
@@ -38,19 +39,48 @@ def prefill_probe(engine: Engine, ids: list[int]) -> Sequence:
 
 
 def score_answer(engine: Engine, seq: Sequence, last_token: int, answer: list[int], router: Router | None,
-                 dense_layers: int | None = None) -> Answer:
+                 dense_layers: int | None = None, keep_logprobs: bool = False) -> Answer:
     """Teacher-forced greedy on a fork of `seq`: correct iff every step's argmax is the next answer token.
-    `dense_layers`: leading layers read densely (None: the engine's)."""
+    `dense_layers`: leading layers read densely (None: the engine's).
+
+    keep_logprobs: run every answer step, also after a wrong one (teacher-forced, so the contexts stay those of the
+    true answer), and return each step's log-softmax in `Answer.logprobs` ([len(answer), vocab] float32), for
+    `answer_agreement` with another method's steps. Without it, scoring stops at the first wrong token."""
     child = engine.fork(seq)
     try:
         feed = [last_token] + answer[:-1]
+        wrong, kept = None, []
         for i, tok in enumerate(feed):
             logits = engine.feed(child, [tok], router=router, dense_layers=dense_layers)[-1]
-            if int(torch.argmax(logits)) != answer[i]:
-                return Answer(False, i + 1, [s.seconds for s in engine.stats(child).steps])
-        return Answer(True, len(feed), [s.seconds for s in engine.stats(child).steps])
+            if keep_logprobs:
+                kept.append(torch.log_softmax(logits.float(), -1))
+            if wrong is None and int(torch.argmax(logits)) != answer[i]:
+                wrong = i
+                if not keep_logprobs:
+                    break
+        secs = [s.seconds for s in engine.stats(child).steps]
+        return Answer(wrong is None, len(feed) if wrong is None else wrong + 1, secs,
+                      torch.stack(kept) if keep_logprobs else None)
     finally:
         engine.finish(child)
+
+
+def answer_agreement(reference: torch.Tensor, other: torch.Tensor) -> dict:
+    """How closely `other`'s answer steps follow `reference`'s, both [A, vocab] log-probabilities of the same A
+    teacher-forced steps (e.g. dense's and a router's `Answer.logprobs` on one question).
+
+    Returns {"top1": the fraction of steps whose argmax agrees (ties to the lowest token id, as torch.argmax),
+    "kl": the mean over steps of KL(reference || other) in nats, computed in float64, "steps": A}."""
+    if not isinstance(reference, torch.Tensor) or not isinstance(other, torch.Tensor):
+        raise TypeError("reference and other must be torch tensors of log-probabilities [A, vocab]")
+    if reference.dim() != 2 or reference.shape != other.shape or reference.shape[0] == 0:
+        raise ValueError(f"reference and other must both be [A, vocab] with A >= 1, got {tuple(reference.shape)} "
+                         f"and {tuple(other.shape)}")
+    p, q = reference.double(), other.double()
+    w = p.exp()
+    kl = torch.where(w > 0, w * (p - q), torch.zeros((), dtype=p.dtype)).sum(-1)     # 0 log 0 = 0
+    top1 = (p.argmax(-1) == q.argmax(-1)).double()
+    return {"top1": float(top1.mean()), "kl": float(kl.mean()), "steps": int(p.shape[0])}
 
 
 def tail_nll(engine: Engine, seq: Sequence, tail: list[int], router: Router | None,

@@ -52,6 +52,21 @@ def template_parts(tok, intro: str, question: str, answer_prefix: str) -> tuple[
     return enc(pre), enc(post + answer_prefix)
 
 
+def followup_ids(tok, question: str, answer_prefix: str) -> list[int]:
+    """The ids that close a first answer and ask a second question (the second turn of a dialogue), up to and
+    including the second answer prefix: with a chat template, the end of the assistant's turn, a user turn asking
+    `question`, and the assistant's generation prompt; without one (completion style, as `template_parts`), "."
+    then "\n\nQuestion: <question>\nAnswer: <answer prefix>". Each piece is tokenised on its own, so the ids of the
+    first answer end where they did."""
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
+    if getattr(tok, "chat_template", None) is None:
+        return enc(".") + enc(f"\n\nQuestion: {question.strip()}\nAnswer: {answer_prefix}")
+    text = tok.apply_chat_template([{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARK},
+                                    {"role": "user", "content": question.strip()}],
+                                   add_generation_prompt=True, tokenize=False)
+    return enc(text.split(_MARK, 1)[1] + answer_prefix)
+
+
 def answer_ids(tok, answer: str) -> list[int]:
     """The answer's ids, tokenised as its own piece (leading space included), like every piece of a probe."""
     ids = tok(answer, add_special_tokens=False)["input_ids"]

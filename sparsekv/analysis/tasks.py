@@ -39,7 +39,7 @@ import random
 from dataclasses import dataclass
 
 from . import corpus
-from .prompts import PASSKEY_FILLER, answer_ids, template_parts
+from .prompts import PASSKEY_FILLER, answer_ids, followup_ids, template_parts
 
 ADJECTIVES = ("amber", "silver", "crimson", "quiet", "northern", "hollow", "golden", "frozen", "ancient", "velvet",
               "bitter", "hidden", "distant", "copper", "emerald", "scarlet", "misty", "iron", "lunar", "wooden",
@@ -79,13 +79,18 @@ class Fact:
 @dataclass(frozen=True)
 class Question:
     """One question on a document: `ids` follow the document's ids (question, template tail, answer prefix);
-    `answer` is the answer's token ids; `facts` the indices of the facts it needs."""
+    `answer` is the answer's token ids; `facts` the indices of the facts it needs; `prefix` the answer prefix's text.
+
+    A dialogue's second turn (`two_turn`) has `first`, the question asked before it: its `ids` are then the first
+    question's ids, the first question's true answer (teacher-forced) and the turn that asks this one."""
 
     text: str
     ids: list[int]
     answer: list[int]
     answer_text: str
     facts: tuple[int, ...]
+    prefix: str = ""
+    first: Question | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ def _assemble(tok, task: str, hay: list[int], length: int, intro: str, facts: li
         p, post = template_parts(tok, intro, "\n\n" + text, prefix)
         if p != pre:
             raise ValueError("the template's head depends on the question: questions cannot share one prefill")
-        qs.append(Question(text, post, answer_ids(tok, answer), answer, needs))
+        qs.append(Question(text, post, answer_ids(tok, answer), answer, needs, prefix))
     return Document(task, ids, tuple(Fact(f, s, d) for f, s, d in zip(facts, spans, depths)), tuple(qs), length,
                     source, seed)
 
@@ -304,8 +309,9 @@ def common_words(tok, length: int, n_facts: int = 3, seed: int = 0) -> Document:
     qs = []
     for r, w in enumerate(common):                           # `top` is decreasing: common[r] is the r-th most common
         q = f"What is the {ords[r]} word in the list above?"
-        p, post = template_parts(tok, intro, "\n\n" + q, f"The {ords[r]} word is")
-        qs.append(Question(q, post, answer_ids(tok, f" {w}"), f" {w}", (r,)))
+        prefix = f"The {ords[r]} word is"
+        p, post = template_parts(tok, intro, "\n\n" + q, prefix)
+        qs.append(Question(q, post, answer_ids(tok, f" {w}"), f" {w}", (r,), prefix))
     facts = tuple(Fact(f"{w} appears {counts[w]} times", first[w], (first[w][0] - len(pre)) / (len(ids) - len(pre)))
                   for w in common)
     return Document("common-words", ids, facts, tuple(qs), length, "this module's word list", seed)
@@ -358,12 +364,40 @@ def check(doc: Document, tok) -> None:
                 f"{value!r} also appears in the haystack"
 
 
-def ask(engine, seq, question: Question, router=None, rule: str = "dense"):
+def two_turn(tok, doc: Document, n: int, seed: int = 0) -> tuple[Question, ...]:
+    """`n` two-turn dialogues on `doc`, counterbalanced: each asks one of its questions, takes the true answer
+    (teacher-forced: the dialogue a user has after a right first answer), then asks another; it is scored on the
+    second answer. The 2n questions involved are distinct (each asked once, in one dialogue), drawn by `seed`; pairs
+    are shuffled, then dialogue d asks the earlier of its two facts first when d is even and the later first when d
+    is odd, so exactly half the dialogues ask the later fact first and order is not tied to depth.
+
+    Returns the second turns (`Question.first` set, facts those of the question asked second); each is asked on its
+    own fork like any question (`ask`). ValueError unless n is an even int with 2 <= n <= len(questions) // 2 and
+    every question of `doc` names one fact with its answer prefix."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2 or n % 2 or 2 * n > len(doc.questions):
+        raise ValueError(f"n must be an even int in [2, {len(doc.questions) // 2}] (two questions per dialogue, half "
+                         f"of them later-first), got {n!r}")
+    if any(len(q.facts) != 1 or not q.prefix or q.first is not None for q in doc.questions):
+        raise ValueError("doc: every question must name one fact and its answer prefix (a generator's questions)")
+    rng = random.Random(seed)
+    picked = rng.sample(range(len(doc.questions)), 2 * n)
+    depth = lambda i: doc.facts[doc.questions[i].facts[0]].depth
+    out = []
+    for d in range(n):
+        early, late = sorted(picked[2 * d:2 * d + 2], key=depth)
+        first, second = (early, late) if d % 2 == 0 else (late, early)
+        a, b = doc.questions[first], doc.questions[second]
+        ids = a.ids + a.answer + followup_ids(tok, b.text, b.prefix)
+        out.append(Question(b.text, ids, b.answer, b.answer_text, b.facts, b.prefix, a))
+    return tuple(out)
+
+
+def ask(engine, seq, question: Question, router=None, rule: str = "dense", keep_logprobs: bool = False):
     """Ask one question on a fork of `seq` (which holds the document's ids): the question's tokens (all but the last)
     are prefilled densely over the context in one chunked pass (rule "dense": Quest's protocol, and how a
     compressed cache's peers are asked) or fed as routed decode steps (rule "routed"); then the answer is scored
-    teacher-forced (`observe.score_answer`) with `router`, from the question's last token on. Returns the
-    observe.Answer."""
+    teacher-forced (`observe.score_answer`, `keep_logprobs` passed on) with `router`, from the question's last token
+    on. Returns the observe.Answer."""
     from .observe import score_answer
     if rule not in ("dense", "routed"):
         raise ValueError(f"rule must be 'dense' or 'routed', got {rule!r}")
@@ -373,10 +407,10 @@ def ask(engine, seq, question: Question, router=None, rule: str = "dense"):
             engine.prefill(child, question.ids[:-1])
         elif len(question.ids) > 1:
             engine.feed(child, question.ids[:-1], router=router)
-        return score_answer(engine, child, question.ids[-1], question.answer, router)
+        return score_answer(engine, child, question.ids[-1], question.answer, router, keep_logprobs=keep_logprobs)
     finally:
         engine.finish(child)
 
 
-__all__ = ["TASKS", "Fact", "Question", "Document", "GENERATORS", "make", "check", "ask", "passkey", "fact_prose",
-           "fact_code", "multi_key", "multi_value", "variable", "common_words"]
+__all__ = ["TASKS", "Fact", "Question", "Document", "GENERATORS", "make", "check", "two_turn", "ask", "passkey",
+           "fact_prose", "fact_code", "multi_key", "multi_value", "variable", "common_words"]

@@ -282,3 +282,16 @@ for _cls in (MinMaxScorer, MeanScorer, HalvesScorer, ReprScorer, LabelScorer, Or
 ROUTERS = SCORERS       # the name the public API has always used for the scorer registry
 
 
+def summaries_for(scorers) -> tuple[str, ...]:
+    """The per-block summaries a store keeps so that every one of `scorers` (registered names) can route on it: the
+    Engine's default ones (`storage.summaries.DEFAULT_SUMMARIES`), then each scorer's `reads` not among them, in
+    order, without repeats (e.g. ("minmax", "halves") -> the defaults and "khalf"). ValueError names an unknown
+    scorer."""
+    from ..storage.summaries import DEFAULT_SUMMARIES
+    scorers = [scorers] if isinstance(scorers, str) else list(scorers)
+    unknown = [s for s in scorers if s not in SCORERS]
+    if unknown:
+        raise ValueError(f"scorers must name scorers of {list(SCORERS)}, got {unknown!r}")
+    return tuple(dict.fromkeys(DEFAULT_SUMMARIES + tuple(r for s in scorers for r in SCORERS[s].reads)))
+
+

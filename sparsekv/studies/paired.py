@@ -13,13 +13,13 @@ global layers only, and every byte count includes the sliding layers' windows (`
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..analysis import peers, tasks
-from ..routing.scorers import SCORERS
-from ..storage.summaries import DEFAULT_SUMMARIES
+from ..routing.scorers import SCORERS, summaries_for
 from . import questions as qs
 
 
@@ -29,7 +29,10 @@ class StudyConfig:
 
     model_path: the GGUF file (its converted folder is transformers' model); length: document tokens; docs: documents
     per task, each with n_facts facts and one question per fact, seeded from seed0 upward; budget: the routers'
-    tokens read per step and the presses' context tokens kept; bits: HQQ's; rule: `questions.RULES`."""
+    tokens read per step and the presses' context tokens kept; bits: HQQ's; rule: `questions.RULES`; int8_scorers:
+    routers run again over int8 blocks (`Engine(kv_bits=8)`), beside "int8 dense", as their own line (empty: none);
+    dialogues: two-turn dialogues per document (`tasks.two_turn`, counterbalanced; 0: none, else even and at most
+    n_facts // 2), asked beside the single questions on the same prefill, as the task "<task> 2-turn"."""
 
     model_path: str
     length: int = 2048
@@ -43,21 +46,27 @@ class StudyConfig:
     bits: tuple = (8, 4, 2)
     rule: str = "dense"
     block_size: int = 16
+    int8_scorers: tuple = ()
+    dialogues: int = 0
 
     def __post_init__(self):
         for name in ("length", "docs", "n_facts", "budget", "block_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        unknown = [s for s in self.scorers if s not in SCORERS]
-        if unknown:
-            raise ValueError(f"scorers must name scorers of {list(SCORERS)}, got {list(self.scorers)!r}")
+        for name in ("scorers", "int8_scorers"):
+            if any(s not in SCORERS for s in getattr(self, name)):
+                raise ValueError(f"{name} must name scorers of {list(SCORERS)}, got {list(getattr(self, name))!r}")
+        if not isinstance(self.dialogues, int) or isinstance(self.dialogues, bool) or self.dialogues < 0 \
+                or self.dialogues % 2 or 2 * self.dialogues > self.n_facts:
+            raise ValueError(f"dialogues must be 0 or an even int of at most n_facts // 2 = {self.n_facts // 2}, got "
+                             f"{self.dialogues!r}")
         if self.rule not in qs.RULES:
             raise ValueError(f"rule must be one of {qs.RULES}, got {self.rule!r}")
         unknown = [t for t in self.task_names if t not in tasks.GENERATORS]
         if not self.task_names or unknown:
             raise ValueError(f"task_names must name tasks of {list(tasks.GENERATORS)}, got {list(self.task_names)!r}")
-        for name in ("task_names", "scorers", "presses", "bits"):
+        for name in ("task_names", "scorers", "presses", "bits", "int8_scorers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
@@ -65,7 +74,11 @@ class StudyConfig:
 class Study:
     """A finished run. rows: one per (question, method) (`questions.lossless_answers` / `peer_answers`); acc:
     (task, method) -> its Wilson cell; nbytes: method -> `method_bytes` at the document plus 16 tokens; tests:
-    (task, pair name) -> McNemar; agree: task -> sparsekv dense against transformers dense."""
+    (task, pair name) -> McNemar; agree: task -> sparsekv dense against transformers dense; agreement: (task, method)
+    -> the answer tokens' top-1 agreement and KL with its own engine's dense (`questions.agreement_cells`); kl_tests:
+    (task, pair name) -> the paired bootstrap of the per-question KL difference (first method's minus second's);
+    with dialogues, turn: (task, method) -> McNemar of the question alone against it asked second
+    (`questions.turn_effect`), and order_acc: (2-turn task, order, method) -> its Wilson cell."""
 
     config: StudyConfig
     model_name: str
@@ -81,6 +94,16 @@ class Study:
     pairs: dict = field(default_factory=dict)
     tests: dict = field(default_factory=dict)
     agree: dict = field(default_factory=dict)
+    agreement: dict = field(default_factory=dict)
+    kl_tests: dict = field(default_factory=dict)
+    turn: dict = field(default_factory=dict)
+    order_acc: dict = field(default_factory=dict)
+
+    @property
+    def tasks(self) -> list[str]:
+        """The tasks answered: the config's, then each one's "<task> 2-turn" when the run asks dialogues."""
+        return list(self.config.task_names) + ([f"{t} 2-turn" for t in self.config.task_names]
+                                               if self.config.dialogues else [])
 
     @property
     def methods(self) -> list[str]:
@@ -90,7 +113,7 @@ class Study:
         """The plotting family of a method: dense, a router's scorer, a press's name, or HQQ<bits>."""
         for m in self.lossless:
             if m.name == name:
-                return "dense" if m.router is None else m.router.config.scorer
+                return ("int8 " if m.kv_bits else "") + ("dense" if m.router is None else m.router.config.scorer)
         m = next(m for m in self.lossy if m.name == name)
         if m.family == "dense":
             return "dense"
@@ -116,26 +139,34 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     hf = peers.hf_model(converted_folder(Path(cfg.model_path)))
     c = model.config
     windows = tuple(c.windows) if any(c.windows) else None
-    reads = (r for s in cfg.scorers for r in SCORERS[s].reads)       # the summaries the scorers read, e.g. khalf
-    engine = sk.Engine(model, block_size=cfg.block_size, num_blocks=2 * (cfg.length // cfg.block_size + 16),
-                       progress=False, summaries=tuple(dict.fromkeys(DEFAULT_SUMMARIES + tuple(reads))))
-    st = Study(cfg, fetch.title(cfg.model_path), windows, qs.lossless_methods(cfg.scorers, [cfg.budget]),
+    store = dict(block_size=cfg.block_size, num_blocks=2 * (cfg.length // cfg.block_size + 16), progress=False,
+                 summaries=summaries_for(cfg.scorers + cfg.int8_scorers))
+    engines = {0: sk.Engine(model, **store)}
+    if cfg.int8_scorers:
+        engines[8] = sk.Engine(model, kv_bits=8, **store)
+    engine = engines[0]
+    st = Study(cfg, fetch.title(cfg.model_path), windows,
+               qs.lossless_methods(cfg.scorers, [cfg.budget], int8_scorers=cfg.int8_scorers),
                qs.peer_methods(cfg.presses, [cfg.budget], cfg.length, cfg.bits))
     documents = [tasks.make(t, tok, cfg.length, cfg.n_facts, seed=cfg.seed0 + d)
                  for t in cfg.task_names for d in range(cfg.docs)]
     for doc in documents:
         tasks.check(doc, tok)
+    if cfg.dialogues:          # the second turns, asked on the same prefill as the single questions
+        documents = [dataclasses.replace(d, questions=d.questions + tasks.two_turn(tok, d, cfg.dialogues, seed=d.seed))
+                     for d in documents]
     n_q = sum(len(d.questions) for d in documents)
     t1 = time.perf_counter()
     with tqdm(total=n_q * (1 + len(st.lossy)), desc="questions", disable=not progress) as bar:
         for doc in documents:
-            st.rows += qs.lossless_answers(engine, doc, st.lossless, cfg.rule, progress=bar.update)
+            st.rows += qs.lossless_answers(engines, doc, st.lossless, cfg.rule, progress=bar.update)
             peer_rows, held = qs.peer_answers(hf, doc, st.lossy, progress=bar.update)
             st.rows += peer_rows
             for k, v in held.items():
                 st.held_measured.setdefault(k, []).append(v)
     st.run_s = time.perf_counter() - t1
     st.acc = {(x["task"], x["method"]): x for x in qs.cells(st.rows)}
+    st.agreement = {(x["task"], x["method"]): x for x in qs.agreement_cells(st.rows)}
 
     sc = engine.store.config
     geom = dict(layers=sc.num_layers, kv_heads=sc.num_kv_heads, head_dim=sc.head_dim, block_size=cfg.block_size,
@@ -148,11 +179,19 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
 
     b = cfg.budget
     pairs = {"oracle vs dense": (f"oracle@{b}", "dense"), "minmax vs SnapKV": (f"minmax@{b}", f"SnapKV@{b}"),
-             "minmax vs hqq2": (f"minmax@{b}", "hqq2"), "halves vs minmax": (f"halves@{b}", f"minmax@{b}")}
+             "minmax vs hqq2": (f"minmax@{b}", "hqq2"), "halves vs minmax": (f"halves@{b}", f"minmax@{b}"),
+             "int8 dense vs dense": ("int8 dense", "dense"),
+             **{f"int8 {s} vs {s}": (f"int8 {s}@{b}", f"{s}@{b}") for s in cfg.int8_scorers}}
     st.pairs = {k: v for k, v in pairs.items() if v[0] in st.methods and v[1] in st.methods}
     st.tests = {(t, k): qs.paired(st.rows, a, bb, task=t, length=cfg.length)
-                for t in cfg.task_names for k, (a, bb) in st.pairs.items()}
-    st.agree = {t: qs.paired(st.rows, "dense", "hf dense", task=t) for t in cfg.task_names}
+                for t in st.tasks for k, (a, bb) in st.pairs.items()}
+    st.agree = {t: qs.paired(st.rows, "dense", "hf dense", task=t) for t in st.tasks}
+    st.kl_tests = {(t, k): qs.paired_kl(st.rows, a, bb, task=t, length=cfg.length)
+                   for t in st.tasks for k, (a, bb) in st.pairs.items() if k != "oracle vs dense"}
+    if cfg.dialogues:
+        st.turn = {(t, m): qs.turn_effect(st.rows, m, t) for t in cfg.task_names for m in st.methods}
+        st.order_acc = {(x["task"], x["order"], x["method"]): x for x in qs.cells(
+            [r for r in st.rows if "order" in r], keys=("task", "order", "method"))}
     return st
 
 
@@ -160,23 +199,38 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
 
 def metrics(st: Study) -> tuple[dict, dict, list]:
     """(metrics, kinds, headline) for `report.write_metrics`: every cell's accuracy with its interval
-    (acc.<task>.<method>, .ci_lo, .ci_hi), each test's p, the engines' disagreements, each method's bytes."""
+    (acc.<task>.<method>, .ci_lo, .ci_hi), the answer tokens' agreement with dense (agreement.<task>.<method>.top1,
+    .kl, .kl.ci_lo, .kl.ci_hi), each test's p, the engines' disagreements, each method's bytes."""
     cfg = st.config
     table = list(st.acc.values())
     m = {"questions_per_cell.min": min(v["n"] for v in table), "run_s": st.run_s, "document_tokens": cfg.length,
-         "token_budget": cfg.budget, **{f"questions.{t}": st.acc[(t, "dense")]["n"] for t in cfg.task_names}}
+         "token_budget": cfg.budget, **{f"questions.{t}": st.acc[(t, "dense")]["n"] for t in st.tasks}}
     for v in table:
         key = f"acc.{v['task']}.{v['method']}"
         m[key], m[key + ".ci_lo"], m[key + ".ci_hi"] = v["accuracy"], v["lo"], v["hi"]
+    for (t, name), v in st.agreement.items():         # the answer tokens against the method's own engine's dense
+        key = f"agreement.{t}.{name}"
+        m[key + ".top1"], m[key + ".kl"], m[key + ".kl.ci_lo"], m[key + ".kl.ci_hi"] = v["top1"], v["kl"], v["kl_lo"], \
+            v["kl_hi"]
     for (t, k), r in st.tests.items():
         m[f"mcnemar.{t}.{k.replace(' ', '_')}.p"] = r["p"]
+    for (t, name), r in st.turn.items():
+        key = f"turn.{t}.{name}"
+        m[key + ".alone"], m[key + ".second"], m[key + ".p"] = r["acc_a"], r["acc_b"], r["p"]
+    for (t, order, name), v in st.order_acc.items():
+        m[f"acc_by_order.{t}.{order.replace(' ', '_')}.{name}"] = v["accuracy"]
+        m[f"questions_by_order.{t}.{order.replace(' ', '_')}"] = v["n"]          # the same for every method
+    for (t, k), r in st.kl_tests.items():
+        key = f"kl_diff.{t}.{k.replace(' ', '_')}"
+        m[key], m[key + ".ci_lo"], m[key + ".ci_hi"] = r["mean"], r["lo"], r["hi"]
     for t, r in st.agree.items():
         m[f"agreement.{t}.dense_vs_hf.disagree"] = r["a_only"] + r["b_only"]
     for name, v in st.nbytes.items():
         m[f"bytes.{name}.read"], m[f"bytes.{name}.held"] = v["read"], v["held"]
     kinds = {"run_s": "timing", "questions_per_cell.min": "exact", "document_tokens": "exact", "token_budget": "exact",
-             **{f"questions.{t}": "exact" for t in cfg.task_names},
-             **{f"agreement.{t}.dense_vs_hf.disagree": "exact" for t in cfg.task_names}}
+             **{f"questions.{t}": "exact" for t in st.tasks},
+             **{f"agreement.{t}.dense_vs_hf.disagree": "exact" for t in st.tasks},
+             **{k: "exact" for k in m if k.startswith("questions_by_order.")}}
     headline = [f"acc.{cfg.task_names[0]}.{x}" for x in ("dense", f"minmax@{cfg.budget}", f"SnapKV@{cfg.budget}", "hqq2")
                 if x in st.methods]
     return m, kinds, headline

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..analysis import peers, stats, tasks
+from ..analysis import observe, peers, stats, tasks
 from ..core.traffic import CacheBytes, cache_bytes, hybrid_cache_bytes
 from ..routing.router import Router
 from ..routing.scorers import SCORERS
@@ -41,17 +41,25 @@ RULES = ("dense", "routed")
 
 @dataclass(frozen=True)
 class Lossless:
-    """A sparsekv method: a router (None: dense) over the engine's store."""
+    """A sparsekv method: a router (None: dense) over the engine's store, whose K/V are exact (kv_bits 0) or int8
+    codes with a scale per (token, kv head) (kv_bits 8: `Engine(kv_bits=8)`, routing over int8 blocks)."""
 
     name: str
     router: Router | None = None
     budget: int | None = None
+    kv_bits: int = 0
 
 
-def lossless_methods(scorers, budgets, seed: int = 0) -> list[Lossless]:
-    """Dense, then every scorer at every token budget (named "scorer@budget")."""
-    return [Lossless("dense")] + [Lossless(f"{s}@{b}", Router(s, token_budget=b, seed=seed), b)
-                                  for s in scorers for b in budgets]
+def lossless_methods(scorers, budgets, seed: int = 0, int8_scorers=()) -> list[Lossless]:
+    """Dense, then every scorer at every token budget (named "scorer@budget"); with `int8_scorers`, "int8 dense" and
+    each of them at every budget over int8 blocks ("int8 scorer@budget")."""
+    out = [Lossless("dense")] + [Lossless(f"{s}@{b}", Router(s, token_budget=b, seed=seed), b)
+                                 for s in scorers for b in budgets]
+    if int8_scorers:
+        out += [Lossless("int8 dense", kv_bits=8)] + [
+            Lossless(f"int8 {s}@{b}", Router(s, token_budget=b, seed=seed), b, kv_bits=8)
+            for s in int8_scorers for b in budgets]
+    return out
 
 
 def peer_methods(presses, budgets, context_tokens: int, bits=(8, 4, 2)) -> list[peers.PeerMethod]:
@@ -62,30 +70,66 @@ def peer_methods(presses, budgets, context_tokens: int, bits=(8, 4, 2)) -> list[
 
 
 def _row(doc: tasks.Document, i: int, method: str, family: str, correct: bool, steps: int) -> dict:
+    """One answer. A dialogue's second turn (`tasks.two_turn`) is its own task, "<task> 2-turn", with the depth of
+    the fact asked first and the order ("earlier first" or "later first"); "text" matches it with the same question
+    asked alone (`turn_effect`)."""
     q = doc.questions[i]
-    return {"task": doc.task, "length": doc.length, "doc": doc.seed, "question": i, "method": method, "family": family,
-            "correct": bool(correct), "answer_steps": steps, "depth": min(doc.facts[f].depth for f in q.facts)}
+    depth = min(doc.facts[f].depth for f in q.facts)
+    row = {"task": doc.task, "length": doc.length, "doc": doc.seed, "question": i, "text": q.text, "method": method,
+           "family": family, "correct": bool(correct), "answer_steps": steps, "depth": depth, "top1": None,
+           "kl": None}
+    if q.first is not None:
+        first = min(doc.facts[f].depth for f in q.first.facts)
+        row.update(task=f"{doc.task} 2-turn", first_depth=first,
+                   order="later first" if first > depth else "earlier first")
+    return row
+
+
+def _agree(rows: list[dict], logprobs: dict, reference: str | None) -> None:
+    """Give each of one question's rows its answer steps' agreement with `reference`'s (`observe.answer_agreement`):
+    "top1" and "kl" (nats, mean over the answer's steps). Without a reference among the methods they stay None."""
+    if reference is None:
+        return
+    for r in rows:
+        a = observe.answer_agreement(logprobs[reference], logprobs[r["method"]])
+        r["top1"], r["kl"] = a["top1"], a["kl"]
 
 
 def lossless_answers(engine, doc: tasks.Document, methods: list[Lossless], rule: str = "dense",
                      progress=None) -> list[dict]:
-    """Prefill `doc.ids` once; every method answers every question on its own fork. One row per (question, method).
+    """Prefill `doc.ids` once per store; every method answers every question on its own fork. One row per
+    (question, method), with the answer steps' top-1 agreement and KL against exact dense's (when it is among
+    `methods`: every step is then run teacher-forced, also after a wrong one).
 
+    engine: an Engine, or {kv_bits: Engine} when `methods` route over int8 blocks too (e.g. {0: float, 8: int8}).
     progress: an optional callable run after each question (a progress bar's update)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    seq = engine.new_sequence()
-    rows = []
+    engines = engine if isinstance(engine, dict) else {0: engine}
+    missing = sorted({m.kv_bits for m in methods} - set(engines))
+    if missing:
+        raise ValueError(f"engine must give an Engine for every method's kv_bits {missing}, got kv_bits "
+                         f"{sorted(engines)}")
+    reference = next((m.name for m in methods if m.router is None and m.kv_bits == 0), None)
+    seqs, rows = {}, []
     try:
-        engine.prefill(seq, doc.ids)
+        for bits in sorted({m.kv_bits for m in methods}):
+            seqs[bits] = engines[bits].new_sequence()
+            engines[bits].prefill(seqs[bits], doc.ids)
         for i, q in enumerate(doc.questions):
+            mine, logprobs = [], {}
             for m in methods:
-                a = tasks.ask(engine, seq, q, m.router, "dense" if m.router is None else rule)
-                rows.append(_row(doc, i, m.name, "lossless", a.correct, a.steps))
+                a = tasks.ask(engines[m.kv_bits], seqs[m.kv_bits], q, m.router, "dense" if m.router is None else rule,
+                              keep_logprobs=reference is not None)
+                mine.append(_row(doc, i, m.name, "lossless", a.correct, a.steps))
+                logprobs[m.name] = a.logprobs
+            _agree(mine, logprobs, reference)
+            rows += mine
             if progress is not None:
                 progress()
     finally:
-        engine.finish(seq)
+        for bits, seq in seqs.items():
+            engines[bits].finish(seq)
     return rows
 
 
@@ -94,33 +138,41 @@ def peer_answers(hf, doc: tasks.Document, methods: list[peers.PeerMethod], progr
                  shared: bool = True) -> tuple[list[dict], dict]:
     """Each method's cache holds `doc.ids` after a prefill with its press or quantised cache; every question then runs
     on a deep copy of that cache: the question and the answer's first len(answer) - 1 tokens in one forward pass, at
-    the positions after the document (as kvpress continues them), scored teacher-forced. Returns (rows, held) where
-    held[name] is the bytes the compressed cache holds after the prefill (`peers.held_bytes`).
+    the positions after the document (as kvpress continues them), scored teacher-forced, with the answer steps'
+    top-1 agreement and KL against transformers dense's (the method of family "dense", when among `methods`).
+    Returns (rows, held) where held[name] is the bytes the compressed cache holds after the prefill
+    (`peers.held_bytes`).
 
     shared: every method's cache from one dense prefill (`peers.prefill_caches`: the same tensors, one forward instead
     of len(methods)); False prefills once per method, the reference path.
     progress: an optional callable run after each (method, question)."""
-    rows, held = [], {}
+    rows = []
     n = len(doc.ids)
-    caches = peers.prefill_caches(hf, doc.ids, methods) if shared else {}
-    for m in methods:
-        if shared:
-            cache = caches.pop(m.name)
-        else:
-            cache = peers.make_cache(hf, m)
+    if shared:
+        caches = peers.prefill_caches(hf, doc.ids, methods)
+    else:
+        caches = {}
+        for m in methods:
+            caches[m.name] = peers.make_cache(hf, m)
             with peers.compressing(hf, m):
-                hf.model(input_ids=torch.tensor([doc.ids]), past_key_values=cache, use_cache=True)
-        held[m.name] = peers.held_bytes(cache)[0]
-        for i, q in enumerate(doc.questions):
-            feed = q.ids + q.answer[:-1]
-            pos = torch.arange(n, n + len(feed))[None]
-            logits = hf(input_ids=torch.tensor([feed]), past_key_values=copy.deepcopy(cache), position_ids=pos,
-                        use_cache=True).logits[0]
-            pred = logits[len(q.ids) - 1:].argmax(-1).tolist()
+                hf.model(input_ids=torch.tensor([doc.ids]), past_key_values=caches[m.name], use_cache=True)
+    held = {m.name: peers.held_bytes(caches[m.name])[0] for m in methods}
+    reference = next((m.name for m in methods if m.family == "dense"), None)
+    for i, q in enumerate(doc.questions):
+        mine, logprobs = [], {}
+        feed = q.ids + q.answer[:-1]
+        pos = torch.arange(n, n + len(feed))[None]
+        for m in methods:
+            logits = hf(input_ids=torch.tensor([feed]), past_key_values=copy.deepcopy(caches[m.name]), position_ids=pos,
+                        use_cache=True).logits[0, len(q.ids) - 1:]                   # [len(answer), vocab]
+            pred = logits.argmax(-1).tolist()
             wrong = next((j for j, (p, t) in enumerate(zip(pred, q.answer)) if p != t), None)
-            rows.append(_row(doc, i, m.name, m.family, wrong is None, len(q.answer) if wrong is None else wrong + 1))
+            mine.append(_row(doc, i, m.name, m.family, wrong is None, len(q.answer) if wrong is None else wrong + 1))
+            logprobs[m.name] = torch.log_softmax(logits.float(), -1)
             if progress is not None:
                 progress()
+        _agree(mine, logprobs, reference)
+        rows += mine
     return rows, held
 
 
@@ -131,7 +183,8 @@ def method_bytes(method, tokens: int, *, layers: int, kv_heads: int, head_dim: i
                  layout: str = "study") -> dict:
     """A decode step's K/V bytes read and the bytes held at `tokens`: {"read", "held"} as fractions of a dense cache
     of `itemsize`-byte elements (2: bf16, the study's reference; dense is 1.0 for both), and "read_bytes",
-    "held_bytes" in bytes. `method`: a `Lossless` (its store at `itemsize`, summaries as `store_config` keeps them)
+    "held_bytes" in bytes. `method`: a `Lossless` (its store at `itemsize`, or int8 codes with an `itemsize` scale per row
+    when its kv_bits is 8; summaries as `store_config` keeps them)
     or a `peers.PeerMethod` (kept tokens from its ratio; HQQ with scales and zero-points of `itemsize` bytes and
     `residual` full-precision tokens, default the method's own, capped at `tokens`).
 
@@ -170,7 +223,8 @@ def method_bytes(method, tokens: int, *, layers: int, kv_heads: int, head_dim: i
         c = store_config
         held_vectors = summary_vectors(c.summaries, c) if c is not None else 0
         read_vectors = SCORERS[method.router.config.scorer]().vectors(c) if method.router is not None and c else 0
-        lay = dict(block_size=block_size, summaries_held=held_vectors, summaries_read=read_vectors)
+        lay = dict(block_size=block_size, summaries_held=held_vectors, summaries_read=read_vectors,
+                   kv_bits=method.kv_bits, scale_itemsize=itemsize)
         if windows is None:
             b = cache_bytes("lossless", layers=layers, budget=method.budget, **lay, **geom)
         else:
@@ -206,6 +260,56 @@ def cells(rows: list[dict], keys=("task", "length", "method")) -> list[dict]:
     return out
 
 
+def agreement_cells(rows: list[dict], keys=("task", "length", "method")) -> list[dict]:
+    """Agreement with the method's own engine's dense on the answer tokens, per cell (by `keys`), over the rows that
+    have it: n questions, "top1" (the mean over questions of the fraction of answer steps whose argmax agrees with
+    dense's) and "kl" (the mean over questions of the mean KL(dense || method) per answer step, nats), each with a
+    seeded percentile-bootstrap 95% interval over questions ("top1_lo", "top1_hi", "kl_lo", "kl_hi")."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("kl") is not None:
+            groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        cell = {**dict(zip(keys, key)), "n": len(rs)}
+        for name in ("top1", "kl"):
+            b = stats.paired_bootstrap([r[name] for r in rs], [0.0] * len(rs))
+            cell[name], cell[name + "_lo"], cell[name + "_hi"] = b["mean"], b["lo"], b["hi"]
+        out.append(cell)
+    return out
+
+
+def paired_kl(rows: list[dict], a: str, b: str, task: str | None = None, length: int | None = None) -> dict:
+    """The paired bootstrap (`stats.paired_bootstrap`) of KL(a) - KL(b) on the answer tokens, each method's KL to its
+    own engine's dense, over the questions both have it for (matched as in `paired`): {"n", "mean", "lo", "hi"}; a
+    negative interval says `a` departs less from dense than `b` does on the same questions."""
+    def kls(name):
+        return {(r["task"], r["length"], r["doc"], r["question"]): r["kl"] for r in rows
+                if r["method"] == name and r.get("kl") is not None and (task is None or r["task"] == task)
+                and (length is None or r["length"] == length)}
+    ka, kb = kls(a), kls(b)
+    common = sorted(set(ka) & set(kb))
+    if not common:
+        raise ValueError(f"methods {a!r} and {b!r} have no common question with a KL to dense"
+                         + (f" of task {task!r}" if task else "") + (f" at length {length}" if length else ""))
+    return stats.paired_bootstrap([ka[k] for k in common], [kb[k] for k in common])
+
+
+def turn_effect(rows: list[dict], method: str, task: str) -> dict:
+    """Does a first turn change `method`'s answer? Exact McNemar between the question asked alone (task `task`) and
+    the same question asked second in a dialogue (task "<task> 2-turn"), matched by document and question text:
+    stats.mcnemar's dict with a = alone, b = second turn, plus acc_a and acc_b."""
+    def outcomes(t):
+        return {(r["length"], r["doc"], r["text"]): r["correct"] for r in rows if r["method"] == method
+                and r["task"] == t}
+    alone, turn = outcomes(task), outcomes(f"{task} 2-turn")
+    common = sorted(set(alone) & set(turn))
+    if not common:
+        raise ValueError(f"method {method!r} has no question of task {task!r} asked both alone and in a dialogue")
+    x, y = [alone[k] for k in common], [turn[k] for k in common]
+    return {**stats.mcnemar(x, y), "acc_a": sum(x) / len(x), "acc_b": sum(y) / len(y)}
+
+
 def paired(rows: list[dict], a: str, b: str, task: str | None = None, length: int | None = None) -> dict:
     """Exact McNemar between methods `a` and `b` on the questions both answered (matched by task, length, document
     and question), within one task and length when given. Returns stats.mcnemar's dict plus acc_a, acc_b."""
@@ -223,4 +327,4 @@ def paired(rows: list[dict], a: str, b: str, task: str | None = None, length: in
 
 
 __all__ = ["RULES", "Lossless", "lossless_methods", "peer_methods", "lossless_answers", "peer_answers",
-           "method_bytes", "cells", "paired"]
+           "method_bytes", "cells", "agreement_cells", "turn_effect", "paired", "paired_kl"]

@@ -24,7 +24,7 @@ from ..analysis import corpus, observe
 from ..analysis.stats import mcnemar, paired_bootstrap, wilson
 from ..model.engine import Engine
 from ..routing.router import Router
-from ..storage.summaries import DEFAULT_SUMMARIES
+from ..routing.scorers import summaries_for
 from . import hybrid, realmodel
 
 
@@ -39,13 +39,15 @@ class GridConfig:
     scorers: tuple = ("oracle", "halves", "mean", "minmax")
     budgets: tuple = (64, 128)            # tokens read per step and layer, the forced sink and local blocks included
     block_sizes: tuple = (16, 8)          # the first is the reference
-    summaries: tuple = DEFAULT_SUMMARIES + ("khalf",)
+    summaries: tuple | None = None        # the store's summaries; None: what the scorers read (`summaries_for`)
 
     def __post_init__(self):
         for name in ("length", "prompts"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.summaries is None:
+            object.__setattr__(self, "summaries", summaries_for(self.scorers))
         for name in ("scorers", "budgets", "block_sizes", "summaries"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
             if not getattr(self, name):
@@ -111,12 +113,12 @@ def summarize(rows: list[dict], cfg: GridConfig, store_configs: dict, num_q_head
 
 
 def hybrid_grid(model, tok, length: int, prompts: int, seed: int, scorers, budgets, block_size: int = 16,
-                summaries=DEFAULT_SUMMARIES + ("khalf",), progress: bool = True) -> list[dict]:
+                summaries=None, progress: bool = True) -> list[dict]:
     """Passkey on a hybrid model (Gemma 3: routers route its global layers, the sliding ones read their window):
     `prompts` held-out prompts (new keys at new depths: `jitter`), dense and every scorer at every budget on forks of
     one prefill. Rows as `hybrid.answer_grid`'s, methods named "dense" and "<scorer>@<budget>"."""
     engine = Engine(model, block_size=block_size, num_blocks=3 * (length // block_size + 64), prefix_cache=True,
-                    progress=False, summaries=summaries)
+                    progress=False, summaries=summaries or summaries_for(scorers))
     routers = {"dense": None, **{f"{s}@{b}": Router(s, token_budget=b) for s in scorers for b in budgets}}
     rows, _ = hybrid.answer_grid(engine, tok, [length], prompts, routers, route_lengths=[length], tasks=("passkey",),
                                  seed=seed, progress=progress, jitter=True)
@@ -142,13 +144,13 @@ def paired_cells(rows: list[dict], pairs=(), dense: str = "dense") -> tuple[list
 
 def tail_loss(model, tok, kinds=("prose", "code"), docs: int = 4, length: int = 4096, tail: int = 128,
               scorers=("oracle", "halves", "mean", "minmax"), budget: int = 256, block_size: int = 16,
-              summaries=DEFAULT_SUMMARIES + ("khalf",), progress: bool = True) -> list[dict]:
+              summaries=None, progress: bool = True) -> list[dict]:
     """Per-token next-token loss over the last `tail` tokens of `docs` documents of `length` tokens per kind
     (document i: tokens [i * length, (i + 1) * length) of the kind's text, BOS first), for dense and every scorer at
     `budget` tokens. Rows {kind, doc, method ("dense" or "<scorer>@<budget>"), token, nll}."""
     from tqdm.auto import tqdm
     engine = Engine(model, block_size=block_size, num_blocks=2 * (length // block_size + 16), progress=False,
-                    summaries=summaries)
+                    summaries=summaries or summaries_for(scorers))
     methods = {"dense": None, **{f"{s}@{budget}": Router(s, token_budget=budget) for s in scorers}}
     rows = []
     with tqdm(total=len(kinds) * docs, desc="documents", disable=not progress, leave=False) as bar:

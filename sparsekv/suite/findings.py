@@ -485,12 +485,19 @@ def _questions(n: str):
     return lambda m: sum(v for k, v in m[n].items() if k.startswith("questions."))
 
 
+def _routers() -> tuple[str, ...]:
+    """Every registered scorer but the oracle (which reads true attention mass, not a summary): the routers a
+    finding may call the best router."""
+    from ..routing.scorers import SCORERS
+    return tuple(s for s in SCORERS if s != "oracle")
+
+
 def _router_vs_press(task: str, n: str):
     """The best router's (oracle aside) answers on `task` against the best press's, in words."""
     def f(m: Metrics) -> str:
         acc = {k.removeprefix(f"acc.{task}.").removesuffix(f"@{B14}"): v for k, v in m[n].items()
                if k.startswith(f"acc.{task}.") and k.endswith(f"@{B14}")}
-        routers = {k: v for k, v in acc.items() if k in ("minmax", "mean", "halves")}
+        routers = {k: v for k, v in acc.items() if k in _routers()}
         presses = {k: v for k, v in acc.items() if k in PRESSES}
         r, p = max(routers, key=lambda k: (routers[k], k)), max(presses, key=lambda k: (presses[k], k))
         word = "at least as many as" if routers[r] >= presses[p] else "fewer than"
@@ -502,7 +509,7 @@ def _quant_vs_routers(method: str, n: str):
     """Whether `method` reads fewer bytes per step than every router of notebook `n`, in words."""
     def f(m: Metrics) -> str:
         routers = {k.split(".")[1]: v for k, v in m[n].items() if k.startswith("bytes.") and k.endswith(".read")
-                   and k.split(".")[1].split("@")[0] in ("minmax", "mean", "halves", "oracle")}
+                   and k.split(".")[1].split("@")[0] in _routers() + ("oracle",)}
         q = m[n][f"bytes.{method}.read"]
         side = "fewer" if q < min(routers.values()) else "more" if q > max(routers.values()) else "about as many"
         return (f"{method} reads {side} bytes per step than the routers ({q:.2f} against "
@@ -557,6 +564,87 @@ FINDINGS.append(
              "h": (N17, f"acc.passkey.halves@{B14}"),
              "hw": _versus14("passkey", f"halves@{B14}", f"minmax@{B14}", "halves_vs_minmax", f"`minmax@{B14}`", N17),
              "rp": _router_vs_press("passkey", N17), "q4": _quant_vs_routers("hqq4", N17)}))
+
+def _kl_word(pair: str, label: str, n: str, task: str = "passkey"):
+    """Whether the pair's first method departs less or more from its dense than `label` on the answer tokens, in
+    words, from notebook `n`'s paired bootstrap of the per-question KL difference (its 95% interval)."""
+    def f(m: Metrics) -> str:
+        k = f"kl_diff.{task}.{pair}"
+        d, lo, hi = m[n][k], m[n][k + ".ci_lo"], m[n][k + ".ci_hi"]
+        side = "less" if hi < 0 else "more" if lo > 0 else "neither less nor more (the interval holds 0)"
+        return f"departs {side} from dense than {label} ({d:+.2g} nats per token, 95% CI [{lo:+.2g}, {hi:+.2g}])"
+    return f
+
+
+_A = f"agreement.passkey.{{}}@{B14}"
+FINDINGS.append(
+    Finding("**Agreement with dense on every answer token, and routing over int8 blocks (notebook 17, Gemma 3 270M "
+            "at {L:,.0f} tokens).** On the same {n:.0f} passkey questions, every answer step teacher-forced and "
+            "compared with its own engine's dense (sparsekv's methods with sparsekv dense, the peers with "
+            "transformers dense): KL(dense ‖ method) per answer token is {kh:.3g} nats for `halves@" + str(B14) + "` "
+            "(top-1 agreement {th:.0%}), {km:.3g} for `minmax@" + str(B14) + "` ({tm:.0%}), {ko:.3g} for the oracle "
+            "({to:.0%}), {ks:.3g} for SnapKV ({ts:.0%}), {kq4:.3g} for HQQ 4-bit ({tq4:.0%}) and {kq:.3g} for HQQ 2-bit "
+            "({tq:.0%}). Paired by question, "
+            "`minmax` {w1}; `halves` {w2}. Over int8 blocks (int8 codes and a scale per token and kv head), "
+            "`int8 dense` answers {i8d:.0%}, which {i8dw}, with a KL of {ki8:.2g} nats per token to exact dense; "
+            "`int8 halves@" + str(B14) + "` answers {i8h:.0%}, which {i8hw}, reading {i8r:.2f} of a bf16 dense "
+            "cache's bytes per step and holding {i8held:.2f}, against `halves@" + str(B14) + "`'s {hr:.2f} and "
+            "{hh:.2f}.",
+            {"L": (N17, "document_tokens"), "n": (N17, "questions_per_cell.min"),
+             "kh": (N17, _A.format("halves") + ".kl"), "th": (N17, _A.format("halves") + ".top1"),
+             "km": (N17, _A.format("minmax") + ".kl"), "tm": (N17, _A.format("minmax") + ".top1"),
+             "ko": (N17, _A.format("oracle") + ".kl"), "to": (N17, _A.format("oracle") + ".top1"),
+             "ks": (N17, _A.format("SnapKV") + ".kl"), "ts": (N17, _A.format("SnapKV") + ".top1"),
+             "kq": (N17, "agreement.passkey.hqq2.kl"), "tq": (N17, "agreement.passkey.hqq2.top1"),
+             "kq4": (N17, "agreement.passkey.hqq4.kl"), "tq4": (N17, "agreement.passkey.hqq4.top1"),
+             "w1": _kl_word("minmax_vs_SnapKV", f"SnapKV@{B14}", N17),
+             "w2": _kl_word("halves_vs_minmax", f"`minmax@{B14}`", N17),
+             "i8d": (N17, "acc.passkey.int8 dense"),
+             "i8dw": _versus14("passkey", "int8 dense", "dense", "int8_dense_vs_dense", "exact dense", N17),
+             "ki8": (N17, "agreement.passkey.int8 dense.kl"),
+             "i8h": (N17, f"acc.passkey.int8 halves@{B14}"),
+             "i8hw": _versus14("passkey", f"int8 halves@{B14}", f"halves@{B14}", "int8_halves_vs_halves",
+                               f"`halves@{B14}` over exact blocks", N17),
+             "i8r": (N17, f"bytes.int8 halves@{B14}.read"), "i8held": (N17, f"bytes.int8 halves@{B14}.held"),
+             "hr": (N17, f"bytes.halves@{B14}.read"), "hh": (N17, f"bytes.halves@{B14}.held")}))
+
+N18 = "18_two_turn_dialogues"                  # notebook 18: two-turn dialogues, counterbalanced, Gemma 3 at 2k
+
+
+def _turn_word(method: str, n: str = N18, task: str = "passkey"):
+    """How asking another question first changed `method`'s answers, in words, from notebook `n`'s exact McNemar of
+    the question alone against it asked second (0.05)."""
+    def f(m: Metrics) -> str:
+        k = f"turn.{task}.{method}"
+        a, b, p = m[n][k + ".alone"], m[n][k + ".second"], m[n][k + ".p"]
+        if p < 0.05:
+            return f"{a:.0%} alone and {b:.0%} asked second, significantly {'fewer' if b < a else 'more'} (p = {p:.2g})"
+        return f"{a:.0%} alone and {b:.0%} asked second, not significantly different (p = {p:.2g})"
+    return f
+
+
+_O = "acc_by_order.passkey 2-turn.{}.{}"
+FINDINGS.append(
+    Finding("**Two-turn dialogues, counterbalanced (notebook 18, Gemma 3 270M at {L:,.0f} tokens).** {nd:.0f} "
+            "dialogues ({ne:.0f} asking the earlier fact first, {nl:.0f} the later first) on new documents, each scored on "
+            "its second answer after a teacher-forced first one and paired with the same question asked alone by the "
+            "same method. Dense answers {td}; `halves@" + str(B14) + "` {th}; `minmax@" + str(B14) + "` {tm}; "
+            "SnapKV {ts}; HQQ 4-bit {tq}. By order, dense answers {de:.0%} of the earlier-first dialogues and {dl:.0%} "
+            "of the later-first ones, `halves@" + str(B14) + "` {he:.0%} and {hl:.0%}. On the second turns, `minmax` "
+            "{w1}. The dialogue cells are {size}.",
+            {"L": (N18, "document_tokens"), "nd": (N18, "questions.passkey 2-turn"),
+             "ne": (N18, "questions_by_order.passkey 2-turn.earlier_first"),
+             "nl": (N18, "questions_by_order.passkey 2-turn.later_first"),
+             "td": _turn_word("dense"), "th": _turn_word(f"halves@{B14}"), "tm": _turn_word(f"minmax@{B14}"),
+             "ts": _turn_word(f"SnapKV@{B14}"), "tq": _turn_word("hqq4"),
+             "de": (N18, _O.format("earlier_first", "dense")), "dl": (N18, _O.format("later_first", "dense")),
+             "he": (N18, _O.format("earlier_first", f"halves@{B14}")),
+             "hl": (N18, _O.format("later_first", f"halves@{B14}")),
+             "w1": _versus14("passkey 2-turn", f"minmax@{B14}", f"SnapKV@{B14}", "minmax_vs_SnapKV",
+                             f"SnapKV@{B14}", N18),
+             "size": lambda m: "a pilot by the project's rule (fewer than 30 per order)" if min(
+                 m[N18]["questions_by_order.passkey 2-turn.earlier_first"],
+                 m[N18]["questions_by_order.passkey 2-turn.later_first"]) < 30 else "at least 30 per order"}))
 
 FINDINGS.append(
     Finding("**A router at Quest's bytes that reaches the oracle (notebook 16, SmolLM2 at 2k tokens, held-out "

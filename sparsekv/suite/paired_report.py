@@ -3,6 +3,8 @@ assert.
 
     accuracy_figure     accuracy per method and task, Wilson 95% intervals
     bytes_figure        accuracy against K/V bytes read per step and held, against bf16 dense
+    agreement_figure    the answer tokens' KL to dense and top-1 agreement against bytes read per step
+    dialogue_figure     each method's accuracy on a question alone and asked second, by the dialogue's order
     checks              the invariants, gated findings and hypotheses stated before the run
 """
 from __future__ import annotations
@@ -77,22 +79,112 @@ def bytes_figure(st: Study, path: str | Path | None = None):
     return fig
 
 
+def agreement_figure(st: Study, path: str | Path | None = None):
+    """The first task's answer tokens against each method's own engine's dense (sparsekv's methods against sparsekv
+    dense, transformers' against transformers dense): mean KL(dense || method) per answer step (left, symmetric log
+    axis, linear below 1e-3 nats) and the fraction of answer steps whose top-1 token agrees (right), each a mean over
+    questions with its bootstrap 95% interval, against K/V bytes read per decode step over bf16 dense. The two
+    dense references sit at (1, 0) and (1, 1) by construction and are left out."""
+    import matplotlib.pyplot as plt
+
+    from . import viz
+    t = st.config.task_names[0]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    shown = [m for m in st.methods if (t, m) in st.agreement and st.family(m) != "dense"]
+    for ax, stat in zip(axes, ("kl", "top1")):
+        seen: dict[float, int] = {}
+        for m in shown:
+            v, x = st.agreement[(t, m)], st.nbytes[m]["read"]
+            j = seen.get(round(x, 4), 0)
+            seen[round(x, 4)] = j + 1
+            style = viz.method_style(st.family(m))
+            lo, hi = (v["kl_lo"], v["kl_hi"]) if stat == "kl" else (v["top1_lo"], v["top1_hi"])
+            ax.errorbar([x * 1.04 ** j], [v[stat]], yerr=[[max(0.0, v[stat] - lo)], [max(0.0, hi - v[stat])]],
+                        fmt=style["marker"], color=style["color"], capsize=2, ms=7, label=m)
+        ax.set_xscale("log")
+        viz.log_axis_plain(ax)
+        ax.set(xlabel="K/V bytes read per decode step / bf16 dense (log)")
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("symlog", linthresh=1e-3)
+    axes[0].set_ylim(bottom=0)
+    axes[0].set_ylabel("KL(dense || method) per answer token (nats)")
+    axes[1].set(ylabel="answer tokens whose top-1 agrees with dense", ylim=(-0.03, 1.03))
+    viz.legend_outside(axes[1], ncol=1)
+    kl = {m: st.agreement[(t, m)]["kl"] for m in shown}
+    best = min(kl, key=kl.get) if kl else "none"
+    fig.suptitle(f"{st.model_name}, {t} at {st.config.length} tokens: closest to its dense on the answer tokens: {best} "
+                 f"({kl.get(best, float('nan')):.3g} nats per token; n = {st.agreement[(t, 'dense')]['n']} questions, "
+                 "bootstrap 95% CI)", fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def dialogue_figure(st: Study, path: str | Path | None = None):
+    """The first task with dialogues (`StudyConfig.dialogues`): per method, its accuracy on the questions asked alone
+    (circle) and asked second in a two-turn dialogue, after the earlier fact (triangle up) or the later one (triangle
+    down), each with its Wilson 95% interval, in the method's colour; sparsekv's methods left of the rule."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from . import viz
+    if not st.config.dialogues:
+        raise ValueError("dialogue_figure needs a run with dialogues (StudyConfig.dialogues > 0)")
+    t = st.config.task_names[0]
+    fig, ax = plt.subplots(figsize=(max(9.0, 0.75 * len(st.methods) + 3), 5.0))
+    conds = (("alone", "o", -0.22), ("earlier first", "^", 0.0), ("later first", "v", 0.22))
+    for x, m in enumerate(st.methods):
+        style = viz.method_style(st.family(m))
+        for cond, marker, dx in conds:
+            cell = st.acc[(t, m)] if cond == "alone" else st.order_acc[(f"{t} 2-turn", cond, m)]
+            ax.errorbar([x + dx], [cell["accuracy"]], yerr=[[cell["accuracy"] - cell["lo"]],
+                                                            [cell["hi"] - cell["accuracy"]]],
+                        fmt=marker, color=style["color"], capsize=2, ms=6,
+                        mfc="white" if cond != "alone" else style["color"])
+    ax.axvline(len(st.lossless) - 0.5, color="0.7", lw=0.8)
+    ax.set_xticks(range(len(st.methods)), st.methods, rotation=60, ha="right", fontsize=8)
+    ax.set(ylim=(-0.03, 1.03), ylabel=f"{t} questions answered (Wilson 95% CI)")
+    ax.grid(axis="y", alpha=0.3)
+    n_alone = st.acc[(t, "dense")]["n"]
+    n_turn = {c: st.order_acc[(f"{t} 2-turn", c, "dense")]["n"] for c in ("earlier first", "later first")}
+    handles = [Line2D([], [], marker=mk, ls="none", color="0.2", mfc="0.2" if c == "alone" else "white",
+                      label=f"{c} (n = {n_alone if c == 'alone' else n_turn[c]})") for c, mk, _ in conds]
+    viz.legend_outside(ax, handles=handles, ncol=1)
+    r = st.turn[(t, "dense")]
+    fig.suptitle(f"{st.model_name}, {t} at {st.config.length} tokens, budget {st.config.budget}:\ndense answers "
+                 f"{r['acc_a']:.0%} of the questions alone and {r['acc_b']:.0%} asked second (n = {r['n']}, McNemar "
+                 f"p = {r['p']:.2g})", fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
 # -- checks ------------------------------------------------------------------------------------
 
-def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool = True) -> Checks:
+def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool = True, kl_pairs=(),
+           turn_methods=(), hqq2_gated: bool | None = None) -> Checks:
     """The study's claims on the first task (the headline) and per task.
 
-    Invariants: every cell has `min_questions` paired questions; sparsekv dense and transformers dense disagree on at
-    most 5%; the byte model is within 10% of what transformers' caches held. The two claims "the best router (oracle
+    Invariants: every single-question cell has `min_questions` paired questions; sparsekv dense and transformers
+    dense disagree on at most 5% (in every task, second turns included); the byte model is within 10% of what
+    transformers' caches held. The two claims "the best router (oracle
     aside) answers at least as many as the best press at equal bytes read" and "HQQ-2 answers at most 5%" are gated
-    findings (`gated`) or, where a run states them for the first time on a model, hypotheses. Hypotheses: the oracle
+    findings (`gated`; `hqq2_gated`, when given, for the second alone) or, where a run states them for the first
+    time on a model, hypotheses. Hypotheses: the oracle
     within 5 points of dense, and each pre-stated pair not significantly worse (McNemar p < 0.05); with `dense_half`,
-    dense answering at least half (a hypothesis since notebook 14's first run rejected it)."""
+    dense answering at least half (a hypothesis since notebook 14's first run rejected it); for each pre-stated pair
+    named in `kl_pairs` (e.g. "minmax vs SnapKV"), its first method departing less from dense on the answer tokens
+    than its second (the paired bootstrap's 95% interval of the per-question KL difference lies below 0); for each
+    method in `turn_methods` (a run with dialogues), that asking another question first does not change its answers
+    significantly (exact McNemar of the question alone against it asked second, p >= 0.05)."""
     cfg, acc = st.config, st.acc
     out = Checks()
     for t in cfg.task_names:
         out.invariant(f"{t}: every method answered at least min_questions paired questions",
                       min(acc[(t, m)]["n"] for m in st.methods), ">=", min_questions)
+    for t in st.tasks:                          # the single questions, and the second turns of dialogues
         a = st.agree[t]
         out.invariant(f"{t}: sparsekv dense and transformers dense disagree on at most 5% of questions",
                       (a["a_only"] + a["b_only"]) / a["n"], "<=", 0.05)
@@ -105,6 +197,7 @@ def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool =
               "best press", max(acc[(t0, m)]["accuracy"] for m in routers)
               - max(acc[(t0, m)]["accuracy"] for m in presses), ">=", 0.0)
     if "hqq2" in st.methods:
+        claim = claim if hqq2_gated is None else out.finding if hqq2_gated else out.hypothesis
         claim(f"{t0}: HQQ at 2 bits answers at most 5% of questions", acc[(t0, "hqq2")]["accuracy"], "<=", 0.05)
     if dense_half:
         out.hypothesis(f"{t0}: dense answers at least half the questions at {cfg.length} tokens",
@@ -118,7 +211,24 @@ def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool =
         else:
             worse = r["acc_a"] < r["acc_b"] and r["p"] < 0.05
             out.hypothesis(f"{t}: {a} is not significantly worse than {b} (McNemar p < 0.05)", float(worse), "==", 0.0)
+    unknown = [k for k in kl_pairs if k not in st.pairs or k == "oracle vs dense"]
+    if unknown:
+        raise ValueError(f"kl_pairs must name pre-stated pairs of this run {sorted(set(st.pairs) - {'oracle vs dense'})}"
+                         f", got {unknown!r}")
+    for (t, k), r in st.kl_tests.items():
+        if k in kl_pairs:
+            a, b = st.pairs[k]
+            out.hypothesis(f"{t}: on the answer tokens {a} departs less from its dense than {b} from its own (paired "
+                           "bootstrap 95% interval of the KL difference below 0 nats)", r["hi"], "<", 0.0)
+    unknown = [m for m in turn_methods if not any(k[1] == m for k in st.turn)]
+    if unknown:
+        raise ValueError(f"turn_methods must name methods of a run with dialogues {st.methods if st.turn else []}, "
+                         f"got {unknown!r}")
+    for (t, m), r in st.turn.items():
+        if m in turn_methods:
+            out.hypothesis(f"{t}: asking another question first does not change {m}'s answers significantly (exact "
+                           "McNemar of the question alone against it asked second)", r["p"], ">=", 0.05)
     return out
 
 
-__all__ = ["accuracy_figure", "bytes_figure", "checks"]
+__all__ = ["accuracy_figure", "bytes_figure", "agreement_figure", "dialogue_figure", "checks"]

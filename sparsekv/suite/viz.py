@@ -66,9 +66,13 @@ QUANT_COLOR = "#56B4E9"             # HQQ quantisation (sky blue: no router's co
 
 
 def router_color(name: str) -> str:
-    """The colour of a router (or "scorer@budget" method) by its scorer name (`ROUTER_COLORS`); a scorer registered
-    later without one is drawn in `OTHER`, which no named router or HQQ uses."""
-    return ROUTER_COLORS.get(name.split("@")[0].split(" ")[0], OTHER)
+    """The colour of a router (or "scorer@budget" method) by its scorer name (`ROUTER_COLORS`). The variants that
+    `routing.hierarchy.hierarchical(group, keep)` registers ("hminmax-g64-k4") share hminmax's colour; a scorer
+    registered later without one is drawn in `OTHER`, which no named router or HQQ uses."""
+    scorer = name.split("@")[0].split(" ")[0]
+    if scorer.startswith("hminmax-"):
+        scorer = "hminmax"
+    return ROUTER_COLORS.get(scorer, OTHER)
 
 
 def router_style(name: str) -> str:
@@ -114,7 +118,7 @@ def method_style(family: str) -> dict:
     if family.endswith(" qdense"):       # Quest's protocol: the question dense, only answer steps routed
         return {"color": router_color(family.removesuffix(" qdense")), "marker": "^", "ls": "-."}
     from ..routing.scorers import SCORERS
-    if family in ROUTER_COLORS or family in SCORERS:      # every registered scorer, `halves` among them
+    if family in SCORERS or family in ROUTER_COLORS:      # every registered scorer, `halves` among them, and dense
         return {"color": router_color(family), "marker": "o", "ls": "-"}
     if family in PRESS_MARKERS:
         return {"color": "#777777", "marker": PRESS_MARKERS[family], "ls": ":" if family != "SnapKV+q1" else "-."}
