@@ -279,20 +279,27 @@ def agreement_cells(rows: list[dict], keys=("task", "length", "method")) -> list
     return out
 
 
+def _matched(rows: list[dict], a: str, b: str, field: str, task: str | None, length: int | None) -> tuple[list, list]:
+    """Methods `a`'s and `b`'s `field` on the questions both have it for (matched by task, length, document and
+    question; within one task and length when given), in question order. ValueError when they share none."""
+    def values(name):
+        return {(r["task"], r["length"], r["doc"], r["question"]): r[field] for r in rows
+                if r["method"] == name and r.get(field) is not None and (task is None or r["task"] == task)
+                and (length is None or r["length"] == length)}
+    va, vb = values(a), values(b)
+    common = sorted(set(va) & set(vb))
+    if not common:
+        what = {"correct": "an answer", "kl": "a KL to dense"}.get(field, f"a {field!r}")
+        raise ValueError(f"methods {a!r} and {b!r} have no common question with {what}"
+                         + (f" of task {task!r}" if task else "") + (f" at length {length}" if length else ""))
+    return [va[k] for k in common], [vb[k] for k in common]
+
+
 def paired_kl(rows: list[dict], a: str, b: str, task: str | None = None, length: int | None = None) -> dict:
     """The paired bootstrap (`stats.paired_bootstrap`) of KL(a) - KL(b) on the answer tokens, each method's KL to its
     own engine's dense, over the questions both have it for (matched as in `paired`): {"n", "mean", "lo", "hi"}; a
     negative interval says `a` departs less from dense than `b` does on the same questions."""
-    def kls(name):
-        return {(r["task"], r["length"], r["doc"], r["question"]): r["kl"] for r in rows
-                if r["method"] == name and r.get("kl") is not None and (task is None or r["task"] == task)
-                and (length is None or r["length"] == length)}
-    ka, kb = kls(a), kls(b)
-    common = sorted(set(ka) & set(kb))
-    if not common:
-        raise ValueError(f"methods {a!r} and {b!r} have no common question with a KL to dense"
-                         + (f" of task {task!r}" if task else "") + (f" at length {length}" if length else ""))
-    return stats.paired_bootstrap([ka[k] for k in common], [kb[k] for k in common])
+    return stats.paired_bootstrap(*_matched(rows, a, b, "kl", task, length))
 
 
 def turn_effect(rows: list[dict], method: str, task: str) -> dict:
@@ -313,16 +320,7 @@ def turn_effect(rows: list[dict], method: str, task: str) -> dict:
 def paired(rows: list[dict], a: str, b: str, task: str | None = None, length: int | None = None) -> dict:
     """Exact McNemar between methods `a` and `b` on the questions both answered (matched by task, length, document
     and question), within one task and length when given. Returns stats.mcnemar's dict plus acc_a, acc_b."""
-    def outcomes(name):
-        return {(r["task"], r["length"], r["doc"], r["question"]): r["correct"] for r in rows
-                if r["method"] == name and (task is None or r["task"] == task)
-                and (length is None or r["length"] == length)}
-    oa, ob = outcomes(a), outcomes(b)
-    common = sorted(set(oa) & set(ob))
-    if not common:
-        raise ValueError(f"methods {a!r} and {b!r} answered no common question"
-                         + (f" of task {task!r}" if task else "") + (f" at length {length}" if length else ""))
-    x, y = [oa[k] for k in common], [ob[k] for k in common]
+    x, y = _matched(rows, a, b, "correct", task, length)
     return {**stats.mcnemar(x, y), "acc_a": sum(x) / len(x), "acc_b": sum(y) / len(y)}
 
 
