@@ -83,6 +83,12 @@ def native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
 
 
+def bf16_kernel() -> bool:
+    """Whether sparsekv's bfloat16 prefill attention runs in its own kernel here (`cpu/prefill_attn.cpp`), not SDPA."""
+    from sparsekv.kernels import cpu_decode
+    return cpu_decode.bf16_prefill_available()
+
+
 def cpu_name() -> str:
     """This machine's CPU model, as /proc/cpuinfo names it (machines differ between runs: the README says which)."""
     try:
@@ -193,6 +199,15 @@ def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
         case["sparsekv_prefill_f32_s"] = time.perf_counter() - t0
         eng.finish(other)
         quant.set_prefill(model, args.prefill)
+        if bf16_kernel():                   # ... and what the prefill attention kernel buys: the same with SDPA
+            sdpa = sk.Engine(model, block_size=16, num_blocks=ctx // 16 + 64, chunk_size=512, progress=False,
+                             kv_dtype=torch.bfloat16, summaries=("kmin", "kmax"), repr_keys=0, prefill_backend="torch")
+            other = sdpa.new_sequence()
+            t0 = time.perf_counter()
+            sdpa.prefill(other, ids)
+            case["sparsekv_prefill_sdpa_s"] = time.perf_counter() - t0
+            sdpa.finish(other)
+            del sdpa
     t0 = time.perf_counter()
     logits = eng.prefill(seq, ids)
     case["sparsekv_prefill_s"] = time.perf_counter() - t0
@@ -451,7 +466,8 @@ def main(argv=None) -> int:
     out = {"date": str(date.today()), "torch": torch.__version__, "llama_cpp_python": llama_cpp.__version__,
            "cpu": cpu_name(), "llama_cpp_features": llama_cpp.llama_print_system_info().decode().strip(" |"),
            "threads": args.threads, "llama_settings": LLAMA_SETTINGS, "read_bandwidth_Bps": bw, "steps": args.steps, "repeats": args.repeats,
-           "budget_tokens": BUDGET, "activations": args.activations, "prefill": args.prefill, "cases": cases,
+           "budget_tokens": BUDGET, "activations": args.activations, "prefill": args.prefill,
+           "prefill_attention": "kernel" if args.prefill == "bfloat16" and bf16_kernel() else "sdpa", "cases": cases,
            "agreement": agree, "overhead": prof}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

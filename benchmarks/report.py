@@ -167,7 +167,9 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
     d = json.loads(path.read_text())
     act, pre = d.get("activations", "float32"), d.get("prefill", "float32")
     lines = [f"sparsekv (`weights=\"gguf\"`: the file's own codes; bfloat16 K/V; {act} activations into its decode "
-             f"matmuls; {pre} prefill matmuls and attention) against llama.cpp (llama-cpp-python "
+             f"matmuls; {pre} prefill matmuls and attention"
+             + (", the attention in its own kernel" if d.get("prefill_attention") == "kernel" else "")
+             + ") against llama.cpp (llama-cpp-python "
              f"{d['llama_cpp_python']}, float16 K/V) on the same GGUF files and the same token ids of real prose, in one "
              f"process, {d['threads']} threads, {d['date']}, on {d.get('cpu', 'an unrecorded CPU')}"
              + (f" (llama.cpp's build: {d['llama_cpp_features'].replace(' | ', ', ')}; `make bench-peers` builds it without AMX)" if d.get("llama_cpp_features") else "")
@@ -201,12 +203,28 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
                          f"{a[f'{w}_greedy_first_divergence']} | {gap} |")
     pre = [r for r in d["cases"] if r.get("sparsekv_prefill_f32_s")]
     if pre:
-        lines += ["", f"What the {d['prefill']} prefill buys, in the same run: sparsekv's prefill with float32 and with "
-                  f"{d['prefill']} matmuls and attention, and llama.cpp's:", "",
-                  f"| model | tokens | prefill float32 / {d['prefill']} | ratio | llama.cpp |", "| --- | ---: | ---: | ---: | ---: |"]
+        sdpa = all(r.get("sparsekv_prefill_sdpa_s") for r in pre)
+        if sdpa:
+            lines += ["", f"What the {d['prefill']} prefill buys, in the same run: sparsekv's prefill with float32 "
+                      f"matmuls and attention, with {d['prefill']} ones and SDPA's attention, and with {d['prefill']} "
+                      "ones and its own prefill attention kernel (`kernels/cpu/prefill_attn.cpp`: GQA folded into the "
+                      "rows, bf16 pair products, float32 scores and sums), each once, and llama.cpp's:", "",
+                      f"| model | tokens | prefill float32 / {d['prefill']} SDPA / {d['prefill']} kernel | "
+                      "float32 / kernel | SDPA / kernel | llama.cpp |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        else:
+            lines += ["", f"What the {d['prefill']} prefill buys, in the same run: sparsekv's prefill with float32 and "
+                      f"with {d['prefill']} matmuls and attention, and llama.cpp's:", "",
+                      f"| model | tokens | prefill float32 / {d['prefill']} | ratio | llama.cpp |",
+                      "| --- | ---: | ---: | ---: | ---: |"]
         for r in pre:
             f, b = r["sparsekv_prefill_f32_s"], r["sparsekv_prefill_s"]
-            lines.append(f"| {r['model']} | {r['length']:,} | {f:.1f} / {b:.1f} s | {f / b:.2f}x | {r['llamacpp_prefill_s']:.1f} s |")
+            if sdpa:
+                a = r["sparsekv_prefill_sdpa_s"]
+                lines.append(f"| {r['model']} | {r['length']:,} | {f:.1f} / {a:.1f} / {b:.1f} s | {f / b:.2f}x | "
+                             f"{a / b:.2f}x | {r['llamacpp_prefill_s']:.1f} s |")
+            else:
+                lines.append(f"| {r['model']} | {r['length']:,} | {f:.1f} / {b:.1f} s | {f / b:.2f}x | "
+                             f"{r['llamacpp_prefill_s']:.1f} s |")
     heads = [r for r in d["cases"] if r.get("lm_head_s")]
     if heads:
         lines += ["", "What int8 activations buy, in the same run: the lm_head's decode matmul alone (8-bit codes, one row "

@@ -41,7 +41,8 @@ import torch
 
 _DIR = Path(__file__).resolve().parent / "cpu"
 _SOURCE = _DIR / "paged_decode.cpp"
-_SOURCES = (_SOURCE, _DIR / "route.cpp", _DIR / "qlinear.cpp", _DIR / "decode_layer.cpp", _DIR / "register.cpp")
+_SOURCES = (_SOURCE, _DIR / "route.cpp", _DIR / "qlinear.cpp", _DIR / "decode_layer.cpp",
+            _DIR / "prefill_attn.cpp", _DIR / "register.cpp")
 _HEADERS = (_DIR / "simd.h",)
 _lock = threading.Lock()
 _state: dict = {}
@@ -219,3 +220,37 @@ def qdequant(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bit
     if load() is None:
         raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
     return torch.ops.sparsekv_cpu.qdequant(codes, scale, offset, bits, group)
+
+
+def bf16_prefill_available() -> bool:
+    """Whether the extension holds the bfloat16 prefill attention kernel (`cpu/prefill_attn.cpp`): built, and built
+    for a CPU with AVX512-BF16 dot products (-march)."""
+    return load() is not None and bool(torch.ops.sparsekv_cpu.bf16_prefill_available())
+
+
+def prefill_attn_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q0: int, k0: int, window: int,
+                      scale: float) -> torch.Tensor:
+    """Causal attention of a prefill chunk: q [T, Hq, D] bfloat16, token t at position q0 + t; k, v [N, H, D]
+    bfloat16, key j at position k0 + j (k0 <= q0, q0 + T <= k0 + N); Hq a multiple of H, D a multiple of 32.
+    Query t sees key j iff k0 + j <= q0 + t and, for window w > 0, q0 + t - (k0 + j) < w. Returns [T, Hq, D]
+    float32: scores, softmax and sums in float32 from bfloat16 pair products, each key's weight rounded to bfloat16
+    once (`cpu/prefill_attn.cpp`)."""
+    from ..core.checks import check_int, check_tensor
+    check_tensor("q", q, (None, None, None), dtype=torch.bfloat16, device=torch.device("cpu"))
+    T, Hq, D = q.shape
+    check_tensor("k", k, (None, None, D), dtype=torch.bfloat16, device=torch.device("cpu"))
+    check_tensor("v", v, tuple(k.shape), dtype=torch.bfloat16, device=torch.device("cpu"))
+    N, H = k.shape[:2]
+    if H == 0 or Hq % H:
+        raise ValueError(f"q must have a multiple of k's {H} heads, got {Hq}")
+    if D % 32:
+        raise ValueError(f"the head dim must be a multiple of 32, got {D}")
+    check_int("k0", k0, lo=0)
+    check_int("q0", q0, lo=k0, hi=k0 + N - T)
+    check_int("window", window, lo=0)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 < scale < float("inf"):
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    if not bf16_prefill_available():
+        raise RuntimeError("the bfloat16 prefill kernel is unavailable: "
+                           f"{reason() or 'the extension was built without AVX512-BF16'}")
+    return torch.ops.sparsekv_cpu.prefill_attn_bf16(q, k, v, q0, k0, window, float(scale))

@@ -79,6 +79,29 @@ def test_routing_over_int8_blocks_answers_beside_the_exact_store(smol):
     assert engines[0].store.num_free_blocks == 128
 
 
+def test_a_router_under_both_question_rules_is_two_methods(smol):
+    """`rule_scorers` add each router again under the other rule: those rows are exactly what a run under that rule
+    gives the router, next to the router's own under the run's rule, in one pass over one prefill."""
+    model, tok, _ = smol
+    doc = tasks.make("passkey", tok, 384, 4, seed=11)
+    eng = sk.Engine(model, block_size=16, num_blocks=128, progress=False)
+    methods = qs.lossless_methods(["minmax"], [64], rule_scorers=["minmax"])
+    assert [(m.name, m.rule) for m in methods] == [("dense", None), ("minmax@64", None),
+                                                   ("minmax@64, routed question", "routed")]
+    both = {(r["method"], r["question"]): r for r in qs.lossless_answers(eng, doc, methods, rule="dense")}
+    alone = {(r["method"], r["question"]): r for r in qs.lossless_answers(eng, doc, methods[:2], rule="routed")}
+    moved = 0
+    for i in range(len(doc.questions)):
+        ours, ref = both[("minmax@64, routed question", i)], alone[("minmax@64", i)]
+        assert (ours["correct"], ours["answer_steps"], ours["kl"]) == (ref["correct"], ref["answer_steps"], ref["kl"])
+        moved += both[("minmax@64", i)]["kl"] != ours["kl"]
+    assert moved > 0                                 # the rule reaches the engine: the two rules' steps differ
+    with pytest.raises(ValueError, match="rule must be None"):
+        qs.Lossless("dense", rule="routed")          # dense has nothing to route
+    with pytest.raises(ValueError, match="rule must be None"):
+        qs.Lossless("minmax@64", sk.Router("minmax", token_budget=64), 64, rule="quest")
+
+
 def test_bytes_per_family_against_bf16_dense():
     geom = dict(layers=30, kv_heads=3, head_dim=64, block_size=16)
     sc = StoreConfig(block_size=16, num_blocks=8, num_layers=30, num_kv_heads=3, head_dim=64)
@@ -328,6 +351,7 @@ def test_a_study_config_names_the_bad_argument():
                        ({"docs": 2.0}, "docs must be a positive int"), ({"budget": True}, "budget"),
                        ({"scorers": ["minmax", "quest"]}, "scorers must name scorers"),
                        ({"int8_scorers": ["halfs"]}, "int8_scorers must name scorers"),
+                       ({"rule_scorers": ["halfs"]}, "rule_scorers must name scorers"),
                        ({"dialogues": 3}, "dialogues must be 0 or an even int"),
                        ({"dialogues": 14, "n_facts": 26}, "at most n_facts // 2 = 13"),
                        ({"dialogues": True}, "dialogues")):

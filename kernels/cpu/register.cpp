@@ -21,6 +21,9 @@ std::vector<at::Tensor> decode_layer(at::Tensor x, std::vector<at::Tensor> w, st
                                      at::Tensor table, at::Tensor blocks, int64_t block, int64_t row,
                                      int64_t num_tokens, int64_t min_token, int64_t splits, int64_t route_kind,
                                      int64_t top_k, int64_t sink, int64_t local);
+bool bf16_prefill_available();
+at::Tensor prefill_attn_bf16(at::Tensor q, at::Tensor k, at::Tensor v, int64_t q0, int64_t k0, int64_t window,
+                             double scale);
 
 TORCH_LIBRARY(sparsekv_cpu, lib) {
   lib.def("paged_decode(Tensor q, Tensor k, Tensor v, Tensor table, Tensor blocks, int num_tokens, int splits, "
@@ -32,6 +35,8 @@ TORCH_LIBRARY(sparsekv_cpu, lib) {
   lib.def("qlinear_q8(Tensor x, Tensor codes, Tensor scale, Tensor offset, int bits, int group) -> Tensor");
   lib.def("quantize_q8(Tensor x) -> Tensor[]");
   lib.def("qdequant(Tensor codes, Tensor scale, Tensor offset, int bits, int group) -> Tensor");
+  lib.def("prefill_attn_bf16(Tensor q, Tensor k, Tensor v, int q0, int k0, int window, float scale) -> Tensor");
+  lib.def("bf16_prefill_available() -> bool", &bf16_prefill_available);   // how it was built
   lib.def("decode_layer(Tensor x, Tensor[] w, int[] meta, float[] fmeta, Tensor cos, Tensor sin, Tensor(a!) k, "
           "Tensor(b!) v, Tensor(c!)[] sums, int[] kinds, Tensor table, Tensor blocks, int block, int row, "
           "int num_tokens, int min_token, int splits, int route_kind, int top_k, int sink, int local) -> Tensor[]");
@@ -46,4 +51,5 @@ TORCH_LIBRARY_IMPL(sparsekv_cpu, CPU, lib) {
   lib.impl("quantize_q8", &quantize_q8_rows);
   lib.impl("qdequant", &qdequant);
   lib.impl("decode_layer", &decode_layer);
+  lib.impl("prefill_attn_bf16", &prefill_attn_bf16);
 }

@@ -129,17 +129,17 @@ def prefill_attention(q: torch.Tensor, store, seq: Sequence, layer: int,
     return _implementation("prefill", backend, q, v.store)(q, v.store, v.seq, v.layer, fresh, v.window)
 
 
-def _prefill_kv(q, store, seq, layer, fresh, start: int = 0):
+def _prefill_kv(q, store, seq, layer, fresh, start: int = 0, dtype: torch.dtype | None = None):
     """K, V [N - start, H, D] the chunk attends to: the store's from token `start`, the last T rows replaced by
-    `fresh` if given."""
+    `fresh` if given; in `dtype` if given, else the store's and fresh's promoted dtype."""
     k, v = store.gather(seq, layer, start)                                # [N - start, H, D]
     if fresh is None:
-        return k, v
+        return (k, v) if dtype is None else (k.to(dtype), v.to(dtype))
     fk, fv = fresh
     T = q.shape[0]
     check_tensor("fresh[0]", fk, (T, store.config.num_kv_heads, store.config.head_dim), device=store.config.device)
     check_tensor("fresh[1]", fv, (T, store.config.num_kv_heads, store.config.head_dim), device=store.config.device)
-    cd = torch.promote_types(k.dtype, fk.dtype)
+    cd = dtype or torch.promote_types(k.dtype, fk.dtype)
     return torch.cat([k[:len(k) - T].to(cd), fk.to(cd)]), torch.cat([v[:len(v) - T].to(cd), fv.to(cd)])
 
 
@@ -392,6 +392,22 @@ def _prefill_torch(q, store, seq, layer, fresh=None, window: int = 0):
     return _prefill_sdpa(q, store, seq, layer, fresh, window)
 
 
+def _prefill_cpp(q, store, seq, layer, fresh=None, window: int = 0):
+    """A bfloat16 chunk (the gguf mode's bfloat16 prefill) through the extension's prefill kernel
+    (`cpu_decode.prefill_attn_bf16`: GQA folded into the rows, float32 scores and sums), where it is built and the
+    store holds float K/V with a head dim a multiple of 32; every other call takes the torch path."""
+    from ..kernels import cpu_decode
+    if (q.dtype != torch.bfloat16 or store.quantized or q.device.type != "cpu" or q.shape[-1] % 32
+            or not cpu_decode.bf16_prefill_available()):
+        return _prefill_torch(q, store, seq, layer, fresh, window)
+    _check_prefill_args(q, store, seq, layer)
+    T, N = q.shape[0], seq.num_tokens
+    start = max(0, N - T - window + 1) if window else 0
+    k, v = _prefill_kv(q, store, seq, layer, fresh, start, dtype=torch.bfloat16)    # [N - start, H, D]
+    out = cpu_decode.prefill_attn_bf16(q, k, v, N - T, start, window, 1.0 / math.sqrt(q.shape[-1]))
+    return out.to(q.dtype)
+
+
 def _over_all_blocks(sparse_fn):
     return lambda q, store, seq, layer: sparse_fn(q, store, seq, layer, all_blocks(store, seq))
 
@@ -435,7 +451,7 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "torch": {"dense": _dense_torch, "sparse": _sparse_torch, "batch": _batch_torch, "prefill": _prefill_torch},
     "triton": {"dense": _over_all_blocks(_sparse_triton), "sparse": _sparse_triton, "batch": _batch_triton,
                "prefill": None},
-    "cpp": {"dense": _dense_cpp, "sparse": _sparse_cpp, "batch": _batch_cpp, "prefill": None},
+    "cpp": {"dense": _dense_cpp, "sparse": _sparse_cpp, "batch": _batch_cpp, "prefill": _prefill_cpp},
 }
 
 

@@ -22,7 +22,7 @@ import torch
 
 from ..attention.decode import prefill_attention
 from ..attention.plan import plan_decode
-from ..core.checks import check_int
+from ..core.checks import check_choice, check_int
 from ..core.traffic import StepTraffic
 from ..routing.router import Router
 from ..routing.selectors import ranked_blocks
@@ -114,6 +114,9 @@ class EngineConfig:
     fused_decode: bool = True                  # a one-sequence decode step as one operator call per layer where
                                                #   it applies (`model.fused`: gguf weights, a plain store); False:
                                                #   always the general path (the per-layer reference)
+    prefill_backend: str = "auto"              # a prefill chunk's attention (`attention.decode.prefill_attention`):
+                                               #   "auto" takes the bf16 prefill kernel where it applies (gguf
+                                               #   weights' bfloat16 prefill, AVX512-BF16), "torch" always SDPA
 
     def __post_init__(self):
         if not isinstance(self.store, StoreConfig):
@@ -121,6 +124,7 @@ class EngineConfig:
         check_int("chunk_size", self.chunk_size, lo=1)
         check_int("dense_layers", self.dense_layers, lo=0)
         check_int("prefetch", self.prefetch, lo=0)
+        check_choice("prefill_backend", self.prefill_backend, ("auto", "torch", "reference", "cpp"))
         if not isinstance(self.fused_decode, bool):
             raise TypeError(f"fused_decode must be a bool, got {type(self.fused_decode).__name__}")
         if self.prefetch and not self.store.tiered:
@@ -458,9 +462,10 @@ class Engine:
         """Prefill attention for one chunk: the cached prefix from the store, the chunk's own K/V as computed
         (`prefill_attention(fresh=...)`: a quantised store's rounding applies to later reads only)."""
         dt = self.model.prefill_dtype                     # float32, or bfloat16 (`quant.set_prefill`)
+        be = self.config.prefill_backend
         if dt is torch.float32:
-            return lambda layer, q, k, v: prefill_attention(q, self.store, seq, layer, fresh=(k, v))
-        return lambda layer, q, k, v: prefill_attention(q.to(dt), self.store, seq, layer, fresh=(k, v))
+            return lambda layer, q, k, v: prefill_attention(q, self.store, seq, layer, be, fresh=(k, v))
+        return lambda layer, q, k, v: prefill_attention(q.to(dt), self.store, seq, layer, be, fresh=(k, v))
 
     def _forward(self, seq: Sequence, ids: torch.Tensor, attend) -> torch.Tensor:
         """Append `ids` to `seq` as one chunk (its tokens included); returns the logits of its last token [1, vocab]."""

@@ -32,7 +32,9 @@ class StudyConfig:
     tokens read per step and the presses' context tokens kept; bits: HQQ's; rule: `questions.RULES`; int8_scorers:
     routers run again over int8 blocks (`Engine(kv_bits=8)`), beside "int8 dense", as their own line (empty: none);
     dialogues: two-turn dialogues per document (`tasks.two_turn`, counterbalanced; 0: none, else even and at most
-    n_facts // 2), asked beside the single questions on the same prefill, as the task "<task> 2-turn"."""
+    n_facts // 2), asked beside the single questions on the same prefill, as the task "<task> 2-turn"; rule_scorers:
+    routers answered again under the other question rule (`questions.rule_name`: "minmax@256, routed question"), each
+    paired with itself under `rule` (empty: none)."""
 
     model_path: str
     length: int = 2048
@@ -48,13 +50,14 @@ class StudyConfig:
     block_size: int = 16
     int8_scorers: tuple = ()
     dialogues: int = 0
+    rule_scorers: tuple = ()
 
     def __post_init__(self):
         for name in ("length", "docs", "n_facts", "budget", "block_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("scorers", "int8_scorers"):
+        for name in ("scorers", "int8_scorers", "rule_scorers"):
             if any(s not in SCORERS for s in getattr(self, name)):
                 raise ValueError(f"{name} must name scorers of {list(SCORERS)}, got {list(getattr(self, name))!r}")
         if not isinstance(self.dialogues, int) or isinstance(self.dialogues, bool) or self.dialogues < 0 \
@@ -66,7 +69,7 @@ class StudyConfig:
         unknown = [t for t in self.task_names if t not in tasks.GENERATORS]
         if not self.task_names or unknown:
             raise ValueError(f"task_names must name tasks of {list(tasks.GENERATORS)}, got {list(self.task_names)!r}")
-        for name in ("task_names", "scorers", "presses", "bits", "int8_scorers"):
+        for name in ("task_names", "scorers", "presses", "bits", "int8_scorers", "rule_scorers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
@@ -78,7 +81,8 @@ class Study:
     -> the answer tokens' top-1 agreement and KL with its own engine's dense (`questions.agreement_cells`); kl_tests:
     (task, pair name) -> the paired bootstrap of the per-question KL difference (first method's minus second's);
     with dialogues, turn: (task, method) -> McNemar of the question alone against it asked second
-    (`questions.turn_effect`), and order_acc: (2-turn task, order, method) -> its Wilson cell."""
+    (`questions.turn_effect`), and order_acc: (2-turn task, order, method) -> its Wilson cell; rule_pairs: the names
+    of `pairs` that set a router under the other question rule against itself under the run's."""
 
     config: StudyConfig
     model_name: str
@@ -98,6 +102,12 @@ class Study:
     kl_tests: dict = field(default_factory=dict)
     turn: dict = field(default_factory=dict)
     order_acc: dict = field(default_factory=dict)
+    rule_pairs: tuple = ()
+
+    @property
+    def other_rule(self) -> str:
+        """The question rule the config's `rule_scorers` answer under besides `config.rule`."""
+        return next(r for r in qs.RULES if r != self.config.rule)
 
     @property
     def tasks(self) -> list[str]:
@@ -146,7 +156,9 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
         engines[8] = sk.Engine(model, kv_bits=8, **store)
     engine = engines[0]
     st = Study(cfg, fetch.title(cfg.model_path), windows,
-               qs.lossless_methods(cfg.scorers, [cfg.budget], int8_scorers=cfg.int8_scorers),
+               qs.lossless_methods(cfg.scorers, [cfg.budget], int8_scorers=cfg.int8_scorers,
+                                   rule_scorers=cfg.rule_scorers,
+                                   other_rule=next(r for r in qs.RULES if r != cfg.rule)),
                qs.peer_methods(cfg.presses, [cfg.budget], cfg.length, cfg.bits))
     documents = [tasks.make(t, tok, cfg.length, cfg.n_facts, seed=cfg.seed0 + d)
                  for t in cfg.task_names for d in range(cfg.docs)]
@@ -182,6 +194,10 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
              "minmax vs hqq2": (f"minmax@{b}", "hqq2"), "halves vs minmax": (f"halves@{b}", f"minmax@{b}"),
              "int8 dense vs dense": ("int8 dense", "dense"),
              **{f"int8 {s} vs {s}": (f"int8 {s}@{b}", f"{s}@{b}") for s in cfg.int8_scorers}}
+    rule_pairs = {f"{s} {st.other_rule} question vs {cfg.rule}": (qs.rule_name(f"{s}@{b}", st.other_rule), f"{s}@{b}")
+                  for s in cfg.rule_scorers}
+    pairs.update(rule_pairs)
+    st.rule_pairs = tuple(k for k in rule_pairs if all(m in st.methods for m in rule_pairs[k]))
     st.pairs = {k: v for k, v in pairs.items() if v[0] in st.methods and v[1] in st.methods}
     st.tests = {(t, k): qs.paired(st.rows, a, bb, task=t, length=cfg.length)
                 for t in st.tasks for k, (a, bb) in st.pairs.items()}
@@ -214,6 +230,9 @@ def metrics(st: Study) -> tuple[dict, dict, list]:
             v["kl_hi"]
     for (t, k), r in st.tests.items():
         m[f"mcnemar.{t}.{k.replace(' ', '_')}.p"] = r["p"]
+        if k in st.rule_pairs:                          # the discordant questions: only under the other rule, the run's
+            m[f"mcnemar.{t}.{k.replace(' ', '_')}.a_only"] = r["a_only"]
+            m[f"mcnemar.{t}.{k.replace(' ', '_')}.b_only"] = r["b_only"]
     for (t, name), r in st.turn.items():
         key = f"turn.{t}.{name}"
         m[key + ".alone"], m[key + ".second"], m[key + ".p"] = r["acc_a"], r["acc_b"], r["p"]
@@ -230,7 +249,8 @@ def metrics(st: Study) -> tuple[dict, dict, list]:
     kinds = {"run_s": "timing", "questions_per_cell.min": "exact", "document_tokens": "exact", "token_budget": "exact",
              **{f"questions.{t}": "exact" for t in st.tasks},
              **{f"agreement.{t}.dense_vs_hf.disagree": "exact" for t in st.tasks},
-             **{k: "exact" for k in m if k.startswith("questions_by_order.")}}
+             **{k: "exact" for k in m if k.startswith("questions_by_order.")},
+             **{k: "exact" for k in m if k.startswith("mcnemar.") and k.endswith(("a_only", "b_only"))}}
     headline = [f"acc.{cfg.task_names[0]}.{x}" for x in ("dense", f"minmax@{cfg.budget}", f"SnapKV@{cfg.budget}", "hqq2")
                 if x in st.methods]
     return m, kinds, headline

@@ -42,24 +42,39 @@ RULES = ("dense", "routed")
 @dataclass(frozen=True)
 class Lossless:
     """A sparsekv method: a router (None: dense) over the engine's store, whose K/V are exact (kv_bits 0) or int8
-    codes with a scale per (token, kv head) (kv_bits 8: `Engine(kv_bits=8)`, routing over int8 blocks)."""
+    codes with a scale per (token, kv head) (kv_bits 8: `Engine(kv_bits=8)`, routing over int8 blocks). rule: the
+    question's rule for this method (`RULES`), None for the run's (a router answering under both is two methods)."""
 
     name: str
     router: Router | None = None
     budget: int | None = None
     kv_bits: int = 0
+    rule: str | None = None
+
+    def __post_init__(self):
+        if self.rule is not None and (self.rule not in RULES or self.router is None):
+            raise ValueError(f"rule must be None or, for a router, one of {RULES}, got {self.rule!r}")
 
 
-def lossless_methods(scorers, budgets, seed: int = 0, int8_scorers=()) -> list[Lossless]:
+def lossless_methods(scorers, budgets, seed: int = 0, int8_scorers=(), rule_scorers=(),
+                     other_rule: str = "routed") -> list[Lossless]:
     """Dense, then every scorer at every token budget (named "scorer@budget"); with `int8_scorers`, "int8 dense" and
-    each of them at every budget over int8 blocks ("int8 scorer@budget")."""
+    each of them at every budget over int8 blocks ("int8 scorer@budget"); with `rule_scorers`, each of them at every
+    budget again under the question rule `other_rule` ("scorer@budget, routed question")."""
     out = [Lossless("dense")] + [Lossless(f"{s}@{b}", Router(s, token_budget=b, seed=seed), b)
                                  for s in scorers for b in budgets]
     if int8_scorers:
         out += [Lossless("int8 dense", kv_bits=8)] + [
             Lossless(f"int8 {s}@{b}", Router(s, token_budget=b, seed=seed), b, kv_bits=8)
             for s in int8_scorers for b in budgets]
+    out += [Lossless(rule_name(f"{s}@{b}", other_rule), Router(s, token_budget=b, seed=seed), b, rule=other_rule)
+            for s in rule_scorers for b in budgets]
     return out
+
+
+def rule_name(method: str, rule: str) -> str:
+    """The name of `method` answering under the question rule `rule` beside the run's own."""
+    return f"{method}, {rule} question"
 
 
 def peer_methods(presses, budgets, context_tokens: int, bits=(8, 4, 2)) -> list[peers.PeerMethod]:
@@ -119,7 +134,8 @@ def lossless_answers(engine, doc: tasks.Document, methods: list[Lossless], rule:
         for i, q in enumerate(doc.questions):
             mine, logprobs = [], {}
             for m in methods:
-                a = tasks.ask(engines[m.kv_bits], seqs[m.kv_bits], q, m.router, "dense" if m.router is None else rule,
+                a = tasks.ask(engines[m.kv_bits], seqs[m.kv_bits], q, m.router,
+                              "dense" if m.router is None else m.rule or rule,
                               keep_logprobs=reference is not None)
                 mine.append(_row(doc, i, m.name, "lossless", a.correct, a.steps))
                 logprobs[m.name] = a.logprobs

@@ -161,6 +161,55 @@ def dialogue_figure(st: Study, path: str | Path | None = None):
     return fig
 
 
+def rule_figure(st: Study, path: str | Path | None = None):
+    """Each task's routers under both question rules (`StudyConfig.rule_scorers`): accuracy with its Wilson 95%
+    interval under the run's rule (filled) and the other (hollow), joined per router; under each router its discordant
+    questions and exact McNemar p; dense's accuracy as a dotted line."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from . import viz
+    if not st.rule_pairs:
+        raise ValueError("rule_figure needs a run with rule_scorers (StudyConfig.rule_scorers)")
+    tn, cfg = st.config.task_names, st.config
+    fig, axes = plt.subplots(1, len(tn), figsize=(4.6 * len(tn) + 3.4, 5.2), sharey=True, squeeze=False)
+    for ax, t in zip(axes[0], tn):
+        labels = []
+        for x, k in enumerate(st.rule_pairs):
+            other, base = st.pairs[k]
+            style = viz.method_style(st.family(base))
+            for dx, m, filled in ((-0.12, base, True), (0.12, other, False)):
+                c = st.acc[(t, m)]
+                ax.errorbar([x + dx], [c["accuracy"]], yerr=[[c["accuracy"] - c["lo"]], [c["hi"] - c["accuracy"]]],
+                            fmt=style["marker"], color=style["color"], capsize=3, ms=7,
+                            mfc=style["color"] if filled else "white")
+            ax.plot([x - 0.12, x + 0.12], [st.acc[(t, base)]["accuracy"], st.acc[(t, other)]["accuracy"]],
+                    color=style["color"], lw=0.8)
+            r = st.tests[(t, k)]
+            labels.append(f"{base}\n{r['b_only']} / {r['a_only']}, p = {r['p']:.2g}")
+        ax.axhline(st.acc[(t, "dense")]["accuracy"], color=viz.method_style("dense")["color"], ls=":", lw=1)
+        ax.set_xticks(range(len(st.rule_pairs)), labels, fontsize=8)
+        ax.set_xlim(-0.5, len(st.rule_pairs) - 0.5)
+        ax.set(title=f"{t} (n = {st.acc[(t, 'dense')]['n']} paired questions)", ylim=(-0.03, 1.03))
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("questions answered (Wilson 95% CI)")
+    says = {"dense": "question prefilled densely", "routed": "question's tokens routed"}
+    handles = [Line2D([], [], marker="o", ls="none", color="0.2", label=says[cfg.rule]),
+               Line2D([], [], marker="o", ls="none", color="0.2", mfc="white", label=says[st.other_rule]),
+               Line2D([], [], ls=":", color=viz.method_style("dense")["color"], label="dense"),
+               Line2D([], [], ls="none", label=f"under each router: questions\nanswered only under the {cfg.rule}"
+                      f"\nrule / only under the {st.other_rule} one,\nexact McNemar p")]
+    viz.legend_outside(axes[0][-1], handles=handles, ncol=1)
+    changed = [(t, st.pairs[k][1]) for t in tn for k in st.rule_pairs if st.tests[(t, k)]["p"] < 0.05]
+    verdict = ("the question rule changes no router's answers significantly" if not changed else
+               "the question rule changes " + ", ".join(f"{m} on {t}" for t, m in changed))
+    fig.suptitle(f"{st.model_name}, {cfg.length} tokens, budget {cfg.budget}:\n{verdict}", fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
 # -- checks ------------------------------------------------------------------------------------
 
 def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool = True, kl_pairs=(),
@@ -178,7 +227,9 @@ def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool =
     named in `kl_pairs` (e.g. "minmax vs SnapKV"), its first method departing less from dense on the answer tokens
     than its second (the paired bootstrap's 95% interval of the per-question KL difference lies below 0); for each
     method in `turn_methods` (a run with dialogues), that asking another question first does not change its answers
-    significantly (exact McNemar of the question alone against it asked second, p >= 0.05)."""
+    significantly (exact McNemar of the question alone against it asked second, p >= 0.05); for each router the run
+    also answers under the other question rule (`StudyConfig.rule_scorers`), that the rule does not change its answers
+    significantly (exact McNemar, p >= 0.05)."""
     cfg, acc = st.config, st.acc
     out = Checks()
     for t in cfg.task_names:
@@ -206,7 +257,11 @@ def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool =
                   max(abs(v - 1) for v in st.model_vs_held.values()) if st.model_vs_held else 0.0, "<=", 0.10)
     for (t, k), r in st.tests.items():
         a, b = st.pairs[k]
-        if k == "oracle vs dense":
+        if k in st.rule_pairs:                  # a router under both question rules: the headline's rule is tested
+            out.hypothesis(f"{t}: routing the question's tokens too does not change {b}'s answers significantly "
+                           f"(exact McNemar p >= 0.05; {r['a_only']} answered only under the {st.other_rule} rule, "
+                           f"{r['b_only']} only under the {cfg.rule} one)", r["p"], ">=", 0.05)
+        elif k == "oracle vs dense":
             out.hypothesis(f"{t}: {a} answers within 5 points of dense", r["acc_a"] - r["acc_b"], ">=", -0.05)
         else:
             worse = r["acc_a"] < r["acc_b"] and r["p"] < 0.05
