@@ -184,8 +184,9 @@ def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
     ctx = n + args.steps * args.repeats + 64
     peer = LlamaCpp(path, ctx, args.threads)
     model = sk.load_model(path, weights="gguf", activations=args.activations, prefill=args.prefill)
-    eng = sk.Engine(model, block_size=16, num_blocks=ctx // 16 + 64, chunk_size=512, progress=False,
-                    kv_dtype=torch.bfloat16, summaries=("kmin", "kmax"), repr_keys=0)   # what minmax reads
+    engine_kw = dict(block_size=16, num_blocks=ctx // 16 + 64, chunk_size=512, progress=False, kv_dtype=torch.bfloat16,
+                     summaries=("kmin", "kmax"), repr_keys=0)                        # what minmax reads
+    eng = sk.Engine(model, **engine_kw)
     seq = eng.new_sequence()
     case = {"model": name, "length": n, "activations": args.activations, "lm_head_s": lm_head_times(model, args)}
     t0 = time.perf_counter()
@@ -200,8 +201,7 @@ def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
         eng.finish(other)
         quant.set_prefill(model, args.prefill)
         if bf16_kernel():                   # ... and what the prefill attention kernel buys: the same with SDPA
-            sdpa = sk.Engine(model, block_size=16, num_blocks=ctx // 16 + 64, chunk_size=512, progress=False,
-                             kv_dtype=torch.bfloat16, summaries=("kmin", "kmax"), repr_keys=0, prefill_backend="torch")
+            sdpa = sk.Engine(model, **engine_kw, prefill_backend="torch")
             other = sdpa.new_sequence()
             t0 = time.perf_counter()
             sdpa.prefill(other, ids)

@@ -432,19 +432,16 @@ def gemma():
 
 @pytest.fixture(scope="module")
 def long_prompt(gemma):
-    """A completion-style prompt of more than 3,000 tokens (six sliding windows) over real text: the package's own
-    docstrings, then a question whose answer is in the text."""
-    import inspect
+    """A completion-style prompt of 3,300 tokens (six sliding windows and more) over real text that no edit to this
+    package changes: the standard library's docstrings (`analysis.corpus.prose`), then a question whose answer is in
+    the text. (It was the package's own docstrings until one more paragraph in a module docstring moved the chunked
+    prefill's layer-17 K difference from 2.7e-5 to 7.7e-4 of its scale.)"""
+    from sparsekv.analysis import corpus
     _, tok, _ = gemma
-    import sparsekv.attention.decode as decode_mod
-    import sparsekv.storage.store as store_mod
-    text = "\n\n".join(inspect.getdoc(m) or "" for m in (store_mod, decode_mod, sk.Engine, sk.Router,
-                                                           sk.BlockStore, sk.PrefixCache, HybridStore))
-    while len(tok.encode(text)) < 3_100:
-        text += "\n\n" + text
-    ids = tok.encode(text + "\n\nQuestion: which class owns K and V for all layers?\nAnswer: The class is")
-    assert ids[0] == 2 and len(ids) > 3_000
-    return torch.tensor(ids[:3_300])
+    question = tok.encode("\n\nQuestion: which module parses command-line options?\nAnswer: The module is")[1:]
+    ids = tok.encode("")[:1] + corpus.take(tok, corpus.prose(), 3_300 - 1 - len(question)) + question
+    assert ids[0] == 2 and len(ids) == 3_300
+    return torch.tensor(ids)
 
 
 @needs_gemma
@@ -495,11 +492,14 @@ def test_gemma_chunked_prefill_equals_one_shot(gemma, long_prompt):
     (a, (ka, va)), (b, (kb, vb)) = outs
     assert (a - b).abs().max().item() < 1e-4
     # The last layer's K/V after 17 layers of float32 rounding in another order (MKL's GEMM over other chunk
-    # shapes), relative to their scale. Measured: under 1e-4 on an Intel Xeon, where the limit was first set; on an
-    # AMD EPYC 1.43e-4 for K and 3.5e-5 for V, the same at 1 and 2 threads. The limit is 5e-4, 3.5x the larger;
-    # the logits above keep 1e-4 (2.2e-5 measured on the EPYC).
+    # shapes), relative to their scale. Measured on this prompt (2026-12-03, AMD EPYC): K 1.6e-6 and V 1.5e-6 in the
+    # default configuration (2 threads, AVX-512), K 1.4e-6 and V 2.1e-6 in `cpuconfig`'s alt one (1 thread, ATen, MKL
+    # and oneDNN capped at AVX2); the logits 1.6e-5 and 2.0e-5. The limit is 1e-4, about 50x the larger, room for
+    # another Python's docstrings in the prompt. (The old prompt repeated its text until it was long enough, and its
+    # near-tied attention between the copies amplified the rounding to 1.4e-4, and to 7.7e-4 after one docstring
+    # edit.)
     for x, y in ((ka, kb), (va, vb)):
-        assert ((x - y).abs().max() / x.abs().max()).item() < 5e-4
+        assert ((x - y).abs().max() / x.abs().max()).item() < 1e-4
 
 
 def test_prompt_counts_take_one_count_or_one_per_length():

@@ -98,6 +98,9 @@ def test_a_router_under_both_question_rules_is_two_methods(smol):
     assert moved > 0                                 # the rule reaches the engine: the two rules' steps differ
     with pytest.raises(ValueError, match="rule must be None"):
         qs.Lossless("dense", rule="routed")          # dense has nothing to route
+    assert [qs.other_rule(r) for r in qs.RULES] == ["routed", "dense"]
+    with pytest.raises(ValueError, match="rule must be one of"):
+        qs.other_rule("quest")
     with pytest.raises(ValueError, match="rule must be None"):
         qs.Lossless("minmax@64", sk.Router("minmax", token_budget=64), 64, rule="quest")
 
@@ -352,6 +355,7 @@ def test_a_study_config_names_the_bad_argument():
                        ({"scorers": ["minmax", "quest"]}, "scorers must name scorers"),
                        ({"int8_scorers": ["halfs"]}, "int8_scorers must name scorers"),
                        ({"rule_scorers": ["halfs"]}, "rule_scorers must name scorers"),
+                       ({"rule_scorers": ["halves"]}, "also run under the run's rule"),   # never paired otherwise
                        ({"dialogues": 3}, "dialogues must be 0 or an even int"),
                        ({"dialogues": 14, "n_facts": 26}, "at most n_facts // 2 = 13"),
                        ({"dialogues": True}, "dialogues")):
@@ -386,3 +390,20 @@ def test_the_paired_bootstrap_on_hand_computed_cases():
     assert r["mean"] == 0 and abs(r["lo"] + 0.196) < 0.03 and abs(r["hi"] - 0.196) < 0.03
     with pytest.raises(ValueError, match="paired"):
         stats.paired_bootstrap([1.0], [1.0, 2.0])
+
+
+def test_the_best_method_leaves_out_dense_and_the_oracle_under_either_question_rule():
+    """`Study.best` names the best method a reader can deploy: the oracle is left out under both rules (notebook 19's
+    first figure named "oracle@256, routed question" the best non-oracle method), int8 dense is a method like any."""
+    from sparsekv.studies import paired
+    cfg = paired.StudyConfig("m.gguf", task_names=["passkey"], scorers=["minmax", "oracle"],
+                             rule_scorers=["minmax", "oracle"], presses=["SnapKVPress"], bits=[2])
+    st = paired.Study(cfg, "m", None, qs.lossless_methods(cfg.scorers, [256], rule_scorers=cfg.rule_scorers),
+                      qs.peer_methods(cfg.presses, [256], cfg.length, cfg.bits))
+    acc = {"dense": 0.9, "hf dense": 0.95, "oracle@256": 0.8, "oracle@256, routed question": 0.85, "minmax@256": 0.5,
+           "minmax@256, routed question": 0.6, "SnapKV@256": 0.1, "hqq2": 0.0}
+    assert sorted(acc) == sorted(st.methods)
+    st.acc = {("passkey", m): {"accuracy": a} for m, a in acc.items()}
+    assert st.best("passkey") == "minmax@256, routed question"
+    st.acc[("passkey", "SnapKV@256")] = {"accuracy": 0.6}
+    assert st.best("passkey") == "minmax@256, routed question"       # a tie goes to the first listed

@@ -95,4 +95,9 @@ def test_every_registered_scorer_is_drawn_in_a_router_colour_never_dense_s():
     colours = [viz.router_color(n) for n in builtin if not n.startswith("hminmax")]
     assert len(set(colours)) == len(colours) and viz.router_color("hminmax") == viz.router_color("minmax")
     assert viz.router_color(variant) == viz.router_color(f"{variant}@64") == viz.router_color("hminmax")
+    assert SCORERS[variant].family() == "hminmax" and all(SCORERS[n].family() == n for n in builtin
+                                                          if not n.startswith("hminmax-"))
+    assert "hminmax-g40-k5" not in SCORERS                   # a name from another process's run: resolved by name
+    assert viz.router_color("hminmax-g40-k5@128") == viz.router_color("hminmax") != viz.OTHER
+    assert viz.router_color("hminmax-g0-k5") == viz.router_color("hminmaxx") == viz.OTHER
     assert viz.method_style("Knorm")["color"] == "#777777" and viz.method_style("HQQ4")["color"] == viz.QUANT_COLOR

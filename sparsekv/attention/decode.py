@@ -143,10 +143,15 @@ def _prefill_kv(q, store, seq, layer, fresh, start: int = 0, dtype: torch.dtype 
     return torch.cat([k[:len(k) - T].to(cd), fk.to(cd)]), torch.cat([v[:len(v) - T].to(cd), fv.to(cd)])
 
 
+def _prefill_start(N: int, T: int, window: int) -> int:
+    """The first key position a chunk of the last T of N tokens can see (0 without a window)."""
+    return max(0, N - T - window + 1) if window else 0
+
+
 def _prefill_window(q, seq, window: int) -> tuple[int, torch.Tensor | None]:
     """The first key a chunk of T queries can see and the mask [T, N - start] (None: plain causal over all N)."""
     T, N = q.shape[0], seq.num_tokens
-    start = max(0, N - T - window + 1) if window else 0
+    start = _prefill_start(N, T, window)
     if not window and T == N:
         return 0, None
     i = torch.arange(N - T, N, device=q.device)[:, None]
@@ -189,7 +194,7 @@ def _prefill_reference(q, store, seq, layer, fresh=None, window: int = 0):
     _check_prefill_args(q, store, seq, layer)
     T, Hq, D = q.shape
     G, N = Hq // c.num_kv_heads, seq.num_tokens
-    start = max(0, N - T - window + 1) if window else 0
+    start = _prefill_start(N, T, window)
     k, v = _prefill_kv(q, store, seq, layer, fresh, start)               # [N - start, H, D]
     cd = _compute_dtype(q)
     qh = q.to(cd).view(T, c.num_kv_heads, G, D).permute(1, 2, 0, 3)       # [H, G, T, D]
@@ -402,7 +407,7 @@ def _prefill_cpp(q, store, seq, layer, fresh=None, window: int = 0):
         return _prefill_torch(q, store, seq, layer, fresh, window)
     _check_prefill_args(q, store, seq, layer)
     T, N = q.shape[0], seq.num_tokens
-    start = max(0, N - T - window + 1) if window else 0
+    start = _prefill_start(N, T, window)
     k, v = _prefill_kv(q, store, seq, layer, fresh, start, dtype=torch.bfloat16)    # [N - start, H, D]
     out = cpu_decode.prefill_attn_bf16(q, k, v, N - T, start, window, 1.0 / math.sqrt(q.shape[-1]))
     return out.to(q.dtype)

@@ -27,6 +27,7 @@ amortised over group * block_size decode steps); `score_bytes` charges the per-s
 from __future__ import annotations
 
 import math
+import re
 import weakref
 
 import torch
@@ -178,6 +179,13 @@ def hierarchical(group: int, keep: int) -> str:
     return _MADE[group, keep]
 
 
+def resolve(name: str) -> str | None:
+    """`hierarchical`'s name for a "hminmax-g{group}-k{keep}" string (registering it, as a run in another process
+    did), or None for any other name."""
+    m = re.fullmatch(r"hminmax-g([1-9][0-9]*)-k([1-9][0-9]*)", name)
+    return hierarchical(int(m[1]), int(m[2])) if m else None
+
+
 register_scorer(HierarchicalMinMaxScorer)
 
-__all__ = ["GroupIndex", "HierarchicalMinMaxScorer", "hierarchical"]
+__all__ = ["GroupIndex", "HierarchicalMinMaxScorer", "hierarchical", "resolve"]

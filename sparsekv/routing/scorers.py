@@ -48,6 +48,13 @@ class Scorer:
     fused_kind: int | None = None     # the CPU route kernel's kind for this scorer (route_topk), if it has one
     needs_calibration = False         # True: the store must hold a calibration (StoreConfig.labels)
 
+    @classmethod
+    def family(cls) -> str:
+        """The registered scorer this one is a variant of (the name it is drawn and grouped under): the most general
+        subclass of `Scorer` it derives from, e.g. "hminmax" for `hierarchy.hierarchical`'s "hminmax-g64-k4"."""
+        mro = cls.__mro__
+        return mro[mro.index(Scorer) - 1].name
+
     def route_operands(self, store: BlockStore, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The fused CPU route's two summaries at `layer`, each a contiguous [H, NB, D] view (a scorer reading one
         summary passes it twice): only for a scorer with a `fused_kind`."""

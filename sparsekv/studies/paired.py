@@ -66,6 +66,9 @@ class StudyConfig:
                              f"{self.dialogues!r}")
         if self.rule not in qs.RULES:
             raise ValueError(f"rule must be one of {qs.RULES}, got {self.rule!r}")
+        if any(s not in self.scorers for s in self.rule_scorers):
+            raise ValueError(f"rule_scorers must name scorers that also run under the run's rule (scorers = "
+                             f"{list(self.scorers)}), got {list(self.rule_scorers)!r}")
         unknown = [t for t in self.task_names if t not in tasks.GENERATORS]
         if not self.task_names or unknown:
             raise ValueError(f"task_names must name tasks of {list(tasks.GENERATORS)}, got {list(self.task_names)!r}")
@@ -107,7 +110,7 @@ class Study:
     @property
     def other_rule(self) -> str:
         """The question rule the config's `rule_scorers` answer under besides `config.rule`."""
-        return next(r for r in qs.RULES if r != self.config.rule)
+        return qs.other_rule(self.config.rule)
 
     @property
     def tasks(self) -> list[str]:
@@ -130,9 +133,10 @@ class Study:
         return m.name.split("@")[0] if m.family == "evict" else f"HQQ{m.bits}"
 
     def best(self, task: str) -> str:
-        """The best method on `task` other than dense (both engines) and the oracle; ties go to the first listed."""
-        skip = ("dense", "hf dense", f"oracle@{self.config.budget}")
-        return max((m for m in self.methods if m not in skip), key=lambda m: self.acc[(task, m)]["accuracy"])
+        """The best method on `task` other than exact dense (both engines) and the oracle (under either question rule,
+        over exact or int8 blocks); ties go to the first listed."""
+        skip = ("dense", "oracle", "int8 oracle")
+        return max((m for m in self.methods if self.family(m) not in skip), key=lambda m: self.acc[(task, m)]["accuracy"])
 
 
 def run(cfg: StudyConfig, progress: bool = True) -> Study:
@@ -158,7 +162,7 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     st = Study(cfg, fetch.title(cfg.model_path), windows,
                qs.lossless_methods(cfg.scorers, [cfg.budget], int8_scorers=cfg.int8_scorers,
                                    rule_scorers=cfg.rule_scorers,
-                                   other_rule=next(r for r in qs.RULES if r != cfg.rule)),
+                                   other_rule=qs.other_rule(cfg.rule)),
                qs.peer_methods(cfg.presses, [cfg.budget], cfg.length, cfg.bits))
     documents = [tasks.make(t, tok, cfg.length, cfg.n_facts, seed=cfg.seed0 + d)
                  for t in cfg.task_names for d in range(cfg.docs)]

@@ -39,6 +39,13 @@ from . import equalbytes
 RULES = ("dense", "routed")
 
 
+def other_rule(rule: str) -> str:
+    """The question rule of `RULES` that is not `rule`."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    return next(r for r in RULES if r != rule)
+
+
 @dataclass(frozen=True)
 class Lossless:
     """A sparsekv method: a router (None: dense) over the engine's store, whose K/V are exact (kv_bits 0) or int8

@@ -646,6 +646,55 @@ FINDINGS.append(
                  m[N18]["questions_by_order.passkey 2-turn.earlier_first"],
                  m[N18]["questions_by_order.passkey 2-turn.later_first"]) < 30 else "at least 30 per order"}))
 
+N19 = "19_question_rule"                       # notebook 19: each router under both question rules, Gemma 3 at 2k
+
+
+def _rule_word(scorer: str, n: str = N19, task: str = "passkey"):
+    """How routing the question's tokens changed `scorer@B14`'s answers, in words, from notebook `n`'s exact McNemar
+    of the router under the routed rule against itself under the dense one (0.05)."""
+    def f(m: Metrics) -> str:
+        k = f"mcnemar.{task}.{scorer}_routed_question_vs_dense"
+        a, b = m[n][f"acc.{task}.{scorer}@{B14}"], m[n][f"acc.{task}.{scorer}@{B14}, routed question"]
+        p, dense_only, routed_only = m[n][k + ".p"], m[n][k + ".b_only"], m[n][k + ".a_only"]
+        says = (f"significantly {'fewer' if b < a else 'more'} with it routed" if p < 0.05 else
+                "not significantly different")
+        kl = f"kl_diff.{task}.{scorer}_routed_question_vs_dense"
+        d, lo, hi = m[n][kl], m[n][kl + ".ci_lo"], m[n][kl + ".ci_hi"]
+        moves = "further from" if lo > 0 else "closer to" if hi < 0 else "not clearly further from or closer to"
+        return (f"{a:.0%} with the question prefilled densely and {b:.0%} with its tokens routed, {says} (p = {p:.2g}; "
+                f"{dense_only:.0f} answered only densely, {routed_only:.0f} only routed), and {moves} dense on the answer "
+                f"tokens with it routed (KL {d:+.3f} nats per token, 95% CI [{lo:+.3f}, {hi:+.3f}])")
+    return f
+
+
+def _rule_verdict(scorers, n: str = N19, task: str = "passkey"):
+    """Which rule the routers whose answers the rule changes significantly (0.05) do better under, in words."""
+    def f(m: Metrics) -> str:
+        changed = {s: m[n][f"acc.{task}.{s}@{B14}"] > m[n][f"acc.{task}.{s}@{B14}, routed question"] for s in scorers
+                   if m[n][f"mcnemar.{task}.{s}_routed_question_vs_dense.p"] < 0.05}
+        if not changed:
+            return "no router's answers depend significantly on the rule"
+        better = {"dense" if d else "routed" for d in changed.values()}
+        names = ", ".join(f"`{s}`" for s in changed)
+        if better == {"dense"}:
+            return f"it favours {names}, whose answers it changes significantly"
+        if better == {"routed"}:
+            return f"the routed rule favours {names}, whose answers it changes significantly"
+        return f"the rule changes {names} significantly, in both directions"
+    return f
+
+
+FINDINGS.append(
+    Finding("**One rule for the question (notebook 19, Gemma 3 270M at {L:,.0f} tokens, {n:.0f} held-out passkeys).** "
+            "For dense, a press or a quantised cache both rules compute the same attention; a router under the routed "
+            "rule reads only its chosen blocks for each question token too. Each router answered every question under "
+            "both rules on the same prefill: `halves@" + str(B14) + "` {h}; `minmax@" + str(B14) + "` {mm}; "
+            "`oracle@" + str(B14) + "` {o}. Dense answers {d:.0%}. Every headline in notebooks 14-19 uses the dense "
+            "rule; {fav}.",
+            {"L": (N19, "document_tokens"), "n": (N19, "questions.passkey"), "d": (N19, "acc.passkey.dense"),
+             "h": _rule_word("halves"), "mm": _rule_word("minmax"), "o": _rule_word("oracle"),
+             "fav": _rule_verdict(("halves", "minmax", "oracle"))}))
+
 FINDINGS.append(
     Finding("**A router at Quest's bytes that reaches the oracle (notebook 16, SmolLM2 at 2k tokens, held-out "
             "passkeys).** On the {n:.0f} of {total:.0f} new passkeys dense answers, `halves` (the mean key of each "

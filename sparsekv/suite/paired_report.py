@@ -5,6 +5,7 @@ assert.
     bytes_figure        accuracy against K/V bytes read per step and held, against bf16 dense
     agreement_figure    the answer tokens' KL to dense and top-1 agreement against bytes read per step
     dialogue_figure     each method's accuracy on a question alone and asked second, by the dialogue's order
+    rule_figure         each router's accuracy under both question rules, with their paired test
     checks              the invariants, gated findings and hypotheses stated before the run
 """
 from __future__ import annotations
@@ -20,29 +21,49 @@ def _errorbar(ax, x, cell, style, **kw):
                 fmt=style["marker"], color=style["color"], **kw)
 
 
+def _finish(fig, title: str, path, **kw):
+    """The tail every figure here shares: its title, a tight layout, and the file (when `path` is given)."""
+    fig.suptitle(title, fontsize=10, **kw)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+class _Spread:
+    """x positions on a log axis for methods that share an x: the j-th method at x is drawn at x * 1.04 ** j, so
+    none hides another (the tables and metrics give the exact values)."""
+
+    def __init__(self):
+        self.seen: dict[float, int] = {}
+
+    def __call__(self, x: float) -> float:
+        j = self.seen.get(round(x, 4), 0)
+        self.seen[round(x, 4)] = j + 1
+        return x * 1.04 ** j
+
+
 def accuracy_figure(st: Study, path: str | Path | None = None):
     """One panel per task: every method's accuracy with its Wilson 95% interval; sparsekv's methods left of the
-    rule, transformers' right (hollow star: transformers dense)."""
+    rule, transformers' right. Hollow: transformers dense, and a router under the other question rule
+    (`StudyConfig.rule_scorers`, as in `rule_figure`)."""
     import matplotlib.pyplot as plt
 
     from . import viz
     tn, methods = st.config.task_names, st.methods
+    hollow = {"hf dense"} | {m.name for m in st.lossless if m.rule is not None}
     fig, axes = plt.subplots(1, len(tn), figsize=(max(7.0, 4.2 * len(tn)), 4.8), sharey=True, squeeze=False)
     for ax, t in zip(axes[0], tn):
         for x, m in enumerate(methods):
             st_ = viz.method_style(st.family(m))
-            _errorbar(ax, x, st.acc[(t, m)], st_, capsize=3, ms=7, mfc="white" if m == "hf dense" else st_["color"])
+            _errorbar(ax, x, st.acc[(t, m)], st_, capsize=3, ms=7, mfc="white" if m in hollow else st_["color"])
         ax.axvline(len(st.lossless) - 0.5, color="0.7", lw=0.8)
         ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", fontsize=8)
         ax.set(title=f"{t} (n = {st.acc[(t, methods[0])]['n']} per method)", ylim=(-0.03, 1.03))
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("questions answered (Wilson 95% CI)")
-    fig.suptitle(f"{st.model_name}, {st.config.length}-token documents, budget {st.config.budget}; best non-oracle "
-                 "method: " + ", ".join(f"{t} {st.best(t)}" for t in tn), fontsize=10, wrap=True)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
+    return _finish(fig, f"{st.model_name}, {st.config.length}-token documents, budget {st.config.budget}; best "
+                   "non-oracle method: " + ", ".join(f"{t} {st.best(t)}" for t in tn), path, wrap=True)
 
 
 def bytes_figure(st: Study, path: str | Path | None = None):
@@ -55,13 +76,10 @@ def bytes_figure(st: Study, path: str | Path | None = None):
     t = st.config.task_names[0]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
     for ax, kind in zip(axes, ("read", "held")):
-        seen: dict[float, int] = {}
+        spread = _Spread()
         for m in st.methods:
-            x = st.nbytes[m][kind]
-            j = seen.get(round(x, 4), 0)
-            seen[round(x, 4)] = j + 1
             style = viz.method_style(st.family(m))
-            _errorbar(ax, x * 1.04 ** j, st.acc[(t, m)], style, capsize=2, ms=7, label=m,
+            _errorbar(ax, spread(st.nbytes[m][kind]), st.acc[(t, m)], style, capsize=2, ms=7, label=m,
                       mfc="white" if m == "hf dense" else style["color"])
         ax.set_xscale("log")
         viz.log_axis_plain(ax)
@@ -71,12 +89,8 @@ def bytes_figure(st: Study, path: str | Path | None = None):
     viz.legend_outside(axes[1], ncol=1)
     r = st.nbytes[f"{st.config.scorers[0]}@{st.config.budget}"]
     scope = "; sliding layers identical" if st.windows else ""
-    fig.suptitle(f"{st.model_name}, {t} at {st.config.length} tokens: routers read {r['read']:.2f} of dense per step "
-                 f"and hold {r['held']:.2f}; presses hold what they read{scope}", fontsize=10)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
+    return _finish(fig, f"{st.model_name}, {t} at {st.config.length} tokens: routers read {r['read']:.2f} of dense per "
+                   f"step and hold {r['held']:.2f}; presses hold what they read{scope}", path)
 
 
 def agreement_figure(st: Study, path: str | Path | None = None):
@@ -92,14 +106,12 @@ def agreement_figure(st: Study, path: str | Path | None = None):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     shown = [m for m in st.methods if (t, m) in st.agreement and st.family(m) != "dense"]
     for ax, stat in zip(axes, ("kl", "top1")):
-        seen: dict[float, int] = {}
+        spread = _Spread()
         for m in shown:
-            v, x = st.agreement[(t, m)], st.nbytes[m]["read"]
-            j = seen.get(round(x, 4), 0)
-            seen[round(x, 4)] = j + 1
+            v, x = st.agreement[(t, m)], spread(st.nbytes[m]["read"])
             style = viz.method_style(st.family(m))
             lo, hi = (v["kl_lo"], v["kl_hi"]) if stat == "kl" else (v["top1_lo"], v["top1_hi"])
-            ax.errorbar([x * 1.04 ** j], [v[stat]], yerr=[[max(0.0, v[stat] - lo)], [max(0.0, hi - v[stat])]],
+            ax.errorbar([x], [v[stat]], yerr=[[max(0.0, v[stat] - lo)], [max(0.0, hi - v[stat])]],
                         fmt=style["marker"], color=style["color"], capsize=2, ms=7, label=m)
         ax.set_xscale("log")
         viz.log_axis_plain(ax)
@@ -112,13 +124,9 @@ def agreement_figure(st: Study, path: str | Path | None = None):
     viz.legend_outside(axes[1], ncol=1)
     kl = {m: st.agreement[(t, m)]["kl"] for m in shown}
     best = min(kl, key=kl.get) if kl else "none"
-    fig.suptitle(f"{st.model_name}, {t} at {st.config.length} tokens: closest to its dense on the answer tokens: {best} "
-                 f"({kl.get(best, float('nan')):.3g} nats per token; n = {st.agreement[(t, 'dense')]['n']} questions, "
-                 "bootstrap 95% CI)", fontsize=10)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
+    return _finish(fig, f"{st.model_name}, {t} at {st.config.length} tokens: closest to its dense on the answer tokens: "
+                   f"{best} ({kl.get(best, float('nan')):.3g} nats per token; n = {st.agreement[(t, 'dense')]['n']} "
+                   "questions, bootstrap 95% CI)", path)
 
 
 def dialogue_figure(st: Study, path: str | Path | None = None):
@@ -152,13 +160,9 @@ def dialogue_figure(st: Study, path: str | Path | None = None):
                       label=f"{c} (n = {n_alone if c == 'alone' else n_turn[c]})") for c, mk, _ in conds]
     viz.legend_outside(ax, handles=handles, ncol=1)
     r = st.turn[(t, "dense")]
-    fig.suptitle(f"{st.model_name}, {t} at {st.config.length} tokens, budget {st.config.budget}:\ndense answers "
-                 f"{r['acc_a']:.0%} of the questions alone and {r['acc_b']:.0%} asked second (n = {r['n']}, McNemar "
-                 f"p = {r['p']:.2g})", fontsize=10)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
+    return _finish(fig, f"{st.model_name}, {t} at {st.config.length} tokens, budget {st.config.budget}:\ndense answers "
+                   f"{r['acc_a']:.0%} of the questions alone and {r['acc_b']:.0%} asked second (n = {r['n']}, McNemar "
+                   f"p = {r['p']:.2g})", path)
 
 
 def rule_figure(st: Study, path: str | Path | None = None):
@@ -200,14 +204,12 @@ def rule_figure(st: Study, path: str | Path | None = None):
                Line2D([], [], ls="none", label=f"under each router: questions\nanswered only under the {cfg.rule}"
                       f"\nrule / only under the {st.other_rule} one,\nexact McNemar p")]
     viz.legend_outside(axes[0][-1], handles=handles, ncol=1)
-    changed = [(t, st.pairs[k][1]) for t in tn for k in st.rule_pairs if st.tests[(t, k)]["p"] < 0.05]
+    changed = [(t, k) for t in tn for k in st.rule_pairs if st.tests[(t, k)]["p"] < 0.05]
     verdict = ("the question rule changes no router's answers significantly" if not changed else
-               "the question rule changes " + ", ".join(f"{m} on {t}" for t, m in changed))
-    fig.suptitle(f"{st.model_name}, {cfg.length} tokens, budget {cfg.budget}:\n{verdict}", fontsize=10)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
+               f"with the {says[st.other_rule]}, " + ", ".join(
+                   f"{st.pairs[k][1]} answers {'fewer' if st.tests[(t, k)]['acc_a'] < st.tests[(t, k)]['acc_b'] else 'more'}"
+                   f" on {t} (p = {st.tests[(t, k)]['p']:.2g})" for t, k in changed))
+    return _finish(fig, f"{st.model_name}, {cfg.length} tokens, budget {cfg.budget}:\n{verdict}", path)
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -286,4 +288,4 @@ def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool =
     return out
 
 
-__all__ = ["accuracy_figure", "bytes_figure", "agreement_figure", "dialogue_figure", "checks"]
+__all__ = ["accuracy_figure", "bytes_figure", "agreement_figure", "dialogue_figure", "rule_figure", "checks"]
