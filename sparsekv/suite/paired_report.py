@@ -30,6 +30,12 @@ def _finish(fig, title: str, path, **kw):
     return fig
 
 
+def _hollow(st: Study) -> set[str]:
+    """The methods `accuracy_figure` and `bytes_figure` draw hollow: transformers' dense, and a router under the other
+    question rule (`StudyConfig.rule_scorers`)."""
+    return {"hf dense"} | {m.name for m in st.lossless if m.rule is not None}
+
+
 class _Spread:
     """x positions on a log axis for methods that share an x: the j-th method at x is drawn at x * 1.04 ** j, so
     none hides another (the tables and metrics give the exact values)."""
@@ -51,7 +57,7 @@ def accuracy_figure(st: Study, path: str | Path | None = None):
 
     from . import viz
     tn, methods = st.config.task_names, st.methods
-    hollow = {"hf dense"} | {m.name for m in st.lossless if m.rule is not None}
+    hollow = _hollow(st)
     fig, axes = plt.subplots(1, len(tn), figsize=(max(7.0, 4.2 * len(tn)), 4.8), sharey=True, squeeze=False)
     for ax, t in zip(axes[0], tn):
         for x, m in enumerate(methods):
@@ -75,12 +81,13 @@ def bytes_figure(st: Study, path: str | Path | None = None):
     from . import viz
     t = st.config.task_names[0]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    hollow = _hollow(st)
     for ax, kind in zip(axes, ("read", "held")):
         spread = _Spread()
         for m in st.methods:
             style = viz.method_style(st.family(m))
             _errorbar(ax, spread(st.nbytes[m][kind]), st.acc[(t, m)], style, capsize=2, ms=7, label=m,
-                      mfc="white" if m == "hf dense" else style["color"])
+                      mfc="white" if m in hollow else style["color"])
         ax.set_xscale("log")
         viz.log_axis_plain(ax)
         ax.set(xlabel=f"K/V bytes {'read per decode step' if kind == 'read' else 'held'} / bf16 dense (log)")
