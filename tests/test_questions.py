@@ -358,7 +358,17 @@ def test_a_study_config_names_the_bad_argument():
                        ({"rule_scorers": ["halves"]}, "also run under the run's rule"),   # never paired otherwise
                        ({"dialogues": 3}, "dialogues must be 0 or an even int"),
                        ({"dialogues": 14, "n_facts": 26}, "at most n_facts // 2 = 13"),
-                       ({"dialogues": True}, "dialogues")):
+                       ({"dialogues": True}, "dialogues"),
+                       ({"peer_docs": 0}, "peer_docs must be None or an int from 1 to docs = 4"),
+                       ({"peer_docs": 5}, "peer_docs must be None or an int from 1 to docs = 4"),
+                       ({"peer_docs": True}, "peer_docs"), ({"prefill": "int8"}, "prefill must be one of"),
+                       ({"dense_scorers": ["oracle"]}, "other than the oracle"),
+                       ({"dense_scorers": ["halves"]}, "dense_scorers must name scorers of the run"),
+                       ({"dense_scorers": ["halfs"]}, "dense_scorers must name scorers"),
+                       ({"task_names": ["passkey"], "docs": {"multi-key": 3}}, "docs must be a positive int, or a dict"),
+                       ({"task_names": ["passkey"], "n_facts": {"passkey": 0}}, "n_facts must be a positive int"),
+                       ({"task_names": ["passkey", "fact-code"], "docs": {"passkey": 9, "fact-code": 2},
+                         "peer_docs": 3}, "from 1 to docs = 2")):
         with pytest.raises(ValueError, match=match):
             paired.StudyConfig("model.gguf", **bad)
 
@@ -407,3 +417,78 @@ def test_the_best_method_leaves_out_dense_and_the_oracle_under_either_question_r
     assert st.best("passkey") == "minmax@256, routed question"
     st.acc[("passkey", "SnapKV@256")] = {"accuracy": 0.6}
     assert st.best("passkey") == "minmax@256, routed question"       # a tie goes to the first listed
+
+
+def _peered_study(acc_peered):
+    """A hand-built Study: sparsekv's methods answered 100 questions, transformers' the first 6 (`peer_docs`)."""
+    from sparsekv.studies import paired
+    cfg = paired.StudyConfig("m.gguf", task_names=["passkey"], docs=50, n_facts=2, scorers=["minmax", "oracle"],
+                             presses=["SnapKVPress"], bits=[2], peer_docs=3)
+    st = paired.Study(cfg, "m", None, qs.lossless_methods(cfg.scorers, [256]),
+                      qs.peer_methods(cfg.presses, [256], cfg.length, cfg.bits))
+    every = {"dense": (60, 100), "oracle@256": (58, 100), "minmax@256": (70, 100), "hf dense": (4, 6),
+             "SnapKV@256": (4, 6), "hqq2": (0, 6)}
+    st.acc = {("passkey", m): {"accuracy": k / n, "n": n} for m, (k, n) in every.items()}
+    st.acc_peered = None if acc_peered is None else {("passkey", m): {"accuracy": k / 6, "n": 6}
+                                                     for m, k in acc_peered.items()}
+    st.agree = {"passkey": {"a_only": 0, "b_only": 0, "n": 6}}
+    return st
+
+
+def test_with_peers_on_fewer_documents_a_comparison_with_a_peer_reads_the_shared_questions():
+    """`peer_docs`: a router against a press compares their accuracies on the questions both answered
+    (`Study.acc_shared`), never a router's 100 against a press's 6, and the min_questions invariant covers sparsekv's
+    methods only. Here minmax answers 70% of its 100 but 3 of the peers' 6, where SnapKV answers 4: the best-router
+    claim fails on the shared questions though it would pass on the unmatched ones."""
+    from sparsekv.suite import paired_report
+    shared = {"dense": 4, "oracle@256": 4, "minmax@256": 3, "hf dense": 4, "SnapKV@256": 4, "hqq2": 0}
+    st = _peered_study(shared)
+    assert st.acc_shared is st.acc_peered and st.best("passkey") == "SnapKV@256"
+    checks = paired_report.checks(st, 100, dense_half=False)
+    claim = next(c for k, c in checks.items() if "best press" in k)
+    assert claim.value == pytest.approx(3 / 6 - 4 / 6) and not claim.passed
+    assert next(k for k in checks if "best press" in k).endswith("(on the 6 questions both answered)")
+    inv = next(c for k, c in checks.items() if "min_questions" in k)
+    assert inv.value == 100 and inv.passed                               # the peers' 6 are not held to it
+    assert paired_report._n_words(st, "passkey", st.acc) == "n = 100 questions for sparsekv, 6 for transformers"
+    assert paired_report._n_words(st, "passkey", st.acc_peered) == "n = 6 questions per method"
+    st = _peered_study(None)                                             # as if every method answered every question
+    assert st.acc_shared is st.acc and st.best("passkey") == "minmax@256"
+    checks = paired_report.checks(st, 100, dense_half=False)
+    assert next(c for k, c in checks.items() if "min_questions" in k).value == 6
+    assert next(k for k in checks if "best press" in k).endswith("the best press")  # the name 14-19 recorded
+
+
+def test_each_task_may_have_its_own_documents_and_facts():
+    """docs and n_facts: one int for every task, or a dict naming every task (notebook 21: 5 fact-code documents of
+    24 facts, 104 common-words documents of 1); the dict is the config's own copy."""
+    from sparsekv.studies import paired
+    docs = {"fact-code": 5, "common-words": 104}
+    cfg = paired.StudyConfig("m.gguf", task_names=["fact-code", "common-words"], docs=docs,
+                             n_facts={"fact-code": 24, "common-words": 1}, peer_docs=5)
+    docs["fact-code"] = 1
+    assert (cfg.docs_of("fact-code"), cfg.docs_of("common-words")) == (5, 104)
+    assert (cfg.facts_of("fact-code"), cfg.facts_of("common-words")) == (24, 1)
+    one = paired.StudyConfig("m.gguf", task_names=["passkey", "multi-key"], docs=3, n_facts=8)
+    assert [one.docs_of(t) for t in one.task_names] == [3, 3] and one.facts_of("multi-key") == 8
+
+
+def test_a_bfloat16_study_holds_its_dense_engines_to_a_paired_test_not_a_five_percent_bound():
+    """sparsekv's bf16 prefill may flip a near-tied answer: one disagreement in 6 questions (17%) fails the float32
+    runs' 5% bound (notebook 20's first run) but not the exact McNemar test a bf16 run is held to; 6 disagreements
+    all one way (p = 0.03) fail it."""
+    import dataclasses
+
+    from sparsekv.suite import paired_report
+    assert stats.mcnemar([True] * 6, [False] * 6)["p"] == 2 / 2 ** 6           # 6 one way: p = 0.031
+    for prefill, a_only, b_only, holds in (("float32", 1, 0, False), ("bfloat16", 1, 0, True),
+                                           ("bfloat16", 6, 0, False)):
+        st = _peered_study(None)
+        st.config = dataclasses.replace(st.config, prefill=prefill)
+        n = max(6, a_only + b_only)
+        same = n - a_only - b_only                      # questions both engines answered alike (right)
+        st.agree = {"passkey": stats.mcnemar([True] * a_only + [False] * b_only + [True] * same,
+                                             [False] * a_only + [True] * b_only + [True] * same)}
+        inv = next(c for k, c in paired_report.checks(st, 6, dense_half=False).items()
+                   if "transformers dense" in k)
+        assert inv.passed is holds, (prefill, a_only)

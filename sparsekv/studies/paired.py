@@ -22,25 +22,35 @@ from ..analysis import peers, tasks
 from ..routing.scorers import SCORERS, summaries_for
 from . import questions as qs
 
+PREFILLS = ("float32", "bfloat16")
+
 
 @dataclass(frozen=True)
 class StudyConfig:
     """One run's parameters (notebook 14's parameters cell).
 
     model_path: the GGUF file (its converted folder is transformers' model); length: document tokens; docs: documents
-    per task, each with n_facts facts and one question per fact, seeded from seed0 upward; budget: the routers'
+    per task, each with n_facts facts and one question per fact, seeded from seed0 upward (each an int for every task,
+    or a dict giving every task its own: `docs_of`, `facts_of`); budget: the routers'
     tokens read per step and the presses' context tokens kept; bits: HQQ's; rule: `questions.RULES`; int8_scorers:
     routers run again over int8 blocks (`Engine(kv_bits=8)`), beside "int8 dense", as their own line (empty: none);
     dialogues: two-turn dialogues per document (`tasks.two_turn`, counterbalanced; 0: none, else even and at most
     n_facts // 2), asked beside the single questions on the same prefill, as the task "<task> 2-turn"; rule_scorers:
     routers answered again under the other question rule (`questions.rule_name`: "minmax@256, routed question"), each
-    paired with itself under `rule` (empty: none)."""
+    paired with itself under `rule` (empty: none); peer_docs: the documents per task (the first ones) that
+    transformers' peers and dense answer as well (None: every one), so a length whose float32 transformers prefill
+    does not fit the budget still gets every router on every document, its peers on fewer (their cells then have
+    their own n, and a test against a peer pairs only the questions both answered); prefill: sparsekv's, "float32"
+    (float32 weights, the parity reference) or "bfloat16" (the GGUF's own quantised weights with the bfloat16
+    prefill kernel, `load_model(weights="gguf", prefill="bfloat16")`; decode steps stay float32). Every method is
+    compared with its own engine's dense. dense_scorers: routers each tested against dense as a pre-stated pair
+    ("halves vs dense", exact McNemar on every question; empty: only the oracle is)."""
 
     model_path: str
     length: int = 2048
     task_names: tuple = ("passkey", "multi-key", "fact-prose")
-    docs: int = 4
-    n_facts: int = 26
+    docs: int | dict = 4
+    n_facts: int | dict = 26
     seed0: int = 1000
     budget: int = 256
     scorers: tuple = ("minmax", "mean", "oracle")
@@ -51,29 +61,60 @@ class StudyConfig:
     int8_scorers: tuple = ()
     dialogues: int = 0
     rule_scorers: tuple = ()
+    peer_docs: int | None = None
+    prefill: str = "float32"
+    dense_scorers: tuple = ()
 
     def __post_init__(self):
-        for name in ("length", "docs", "n_facts", "budget", "block_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("scorers", "int8_scorers", "rule_scorers"):
-            if any(s not in SCORERS for s in getattr(self, name)):
-                raise ValueError(f"{name} must name scorers of {list(SCORERS)}, got {list(getattr(self, name))!r}")
-        if not isinstance(self.dialogues, int) or isinstance(self.dialogues, bool) or self.dialogues < 0 \
-                or self.dialogues % 2 or 2 * self.dialogues > self.n_facts:
-            raise ValueError(f"dialogues must be 0 or an even int of at most n_facts // 2 = {self.n_facts // 2}, got "
-                             f"{self.dialogues!r}")
-        if self.rule not in qs.RULES:
-            raise ValueError(f"rule must be one of {qs.RULES}, got {self.rule!r}")
-        if any(s not in self.scorers for s in self.rule_scorers):
-            raise ValueError(f"rule_scorers must name scorers that also run under the run's rule (scorers = "
-                             f"{list(self.scorers)}), got {list(self.rule_scorers)!r}")
         unknown = [t for t in self.task_names if t not in tasks.GENERATORS]
         if not self.task_names or unknown:
             raise ValueError(f"task_names must name tasks of {list(tasks.GENERATORS)}, got {list(self.task_names)!r}")
-        for name in ("task_names", "scorers", "presses", "bits", "int8_scorers", "rule_scorers"):
+        object.__setattr__(self, "task_names", tuple(self.task_names))
+        for name in ("length", "budget", "block_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name in ("docs", "n_facts"):            # an int for every task, or {task: int} naming every task
+            v = getattr(self, name)
+            per = v.values() if isinstance(v, dict) else [v]
+            if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in per) or \
+                    (isinstance(v, dict) and set(v) != set(self.task_names)):
+                raise ValueError(f"{name} must be a positive int, or a dict of one for each of task_names "
+                                 f"{list(self.task_names)}, got {v!r}")
+            if isinstance(v, dict):
+                object.__setattr__(self, name, dict(v))
+        for name in ("scorers", "int8_scorers", "rule_scorers", "dense_scorers"):
+            if any(s not in SCORERS for s in getattr(self, name)):
+                raise ValueError(f"{name} must name scorers of {list(SCORERS)}, got {list(getattr(self, name))!r}")
+        if not isinstance(self.dialogues, int) or isinstance(self.dialogues, bool) or self.dialogues < 0 \
+                or self.dialogues % 2 or 2 * self.dialogues > min(map(self.facts_of, self.task_names)):
+            raise ValueError(f"dialogues must be 0 or an even int of at most n_facts // 2 = "
+                             f"{min(map(self.facts_of, self.task_names)) // 2}, got "
+                             f"{self.dialogues!r}")
+        if self.peer_docs is not None and (not isinstance(self.peer_docs, int) or isinstance(self.peer_docs, bool)
+                                           or not 1 <= self.peer_docs <= min(map(self.docs_of, self.task_names))):
+            raise ValueError(f"peer_docs must be None or an int from 1 to docs = "
+                             f"{min(map(self.docs_of, self.task_names))}, got {self.peer_docs!r}")
+        if self.prefill not in PREFILLS:
+            raise ValueError(f"prefill must be one of {PREFILLS}, got {self.prefill!r}")
+        if self.rule not in qs.RULES:
+            raise ValueError(f"rule must be one of {qs.RULES}, got {self.rule!r}")
+        if any(s not in self.scorers or s == "oracle" for s in self.dense_scorers):
+            raise ValueError(f"dense_scorers must name scorers of the run other than the oracle (tested against dense "
+                             f"already; scorers = {list(self.scorers)}), got {list(self.dense_scorers)!r}")
+        if any(s not in self.scorers for s in self.rule_scorers):
+            raise ValueError(f"rule_scorers must name scorers that also run under the run's rule (scorers = "
+                             f"{list(self.scorers)}), got {list(self.rule_scorers)!r}")
+        for name in ("task_names", "scorers", "presses", "bits", "int8_scorers", "rule_scorers", "dense_scorers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def docs_of(self, task: str) -> int:
+        """The documents `task` gets."""
+        return self.docs[task] if isinstance(self.docs, dict) else self.docs
+
+    def facts_of(self, task: str) -> int:
+        """The facts (and questions) per document of `task`."""
+        return self.n_facts[task] if isinstance(self.n_facts, dict) else self.n_facts
 
 
 @dataclass
@@ -85,7 +126,9 @@ class Study:
     (task, pair name) -> the paired bootstrap of the per-question KL difference (first method's minus second's);
     with dialogues, turn: (task, method) -> McNemar of the question alone against it asked second
     (`questions.turn_effect`), and order_acc: (2-turn task, order, method) -> its Wilson cell; rule_pairs: the names
-    of `pairs` that set a router under the other question rule against itself under the run's."""
+    of `pairs` that set a router under the other question rule against itself under the run's; acc_peered: with
+    `peer_docs` short of `docs`, (task, method) -> its Wilson cell on the questions the peers answered too, else None
+    (`acc_shared` gives the one to read)."""
 
     config: StudyConfig
     model_name: str
@@ -106,6 +149,13 @@ class Study:
     turn: dict = field(default_factory=dict)
     order_acc: dict = field(default_factory=dict)
     rule_pairs: tuple = ()
+    acc_peered: dict | None = None
+
+    @property
+    def acc_shared(self) -> dict:
+        """(task, method) -> accuracy cell on the questions every method answered: what a comparison of a router's
+        accuracy with a peer's reads (`acc` unless the peers answered fewer documents)."""
+        return self.acc if self.acc_peered is None else self.acc_peered
 
     @property
     def other_rule(self) -> str:
@@ -134,9 +184,10 @@ class Study:
 
     def best(self, task: str) -> str:
         """The best method on `task` other than exact dense (both engines) and the oracle (under either question rule,
-        over exact or int8 blocks); ties go to the first listed."""
-        skip = ("dense", "oracle", "int8 oracle")
-        return max((m for m in self.methods if self.family(m) not in skip), key=lambda m: self.acc[(task, m)]["accuracy"])
+        over exact or int8 blocks), on the questions every method answered (`acc_shared`); ties go to the first
+        listed."""
+        skip, acc = ("dense", "oracle", "int8 oracle"), self.acc_shared
+        return max((m for m in self.methods if self.family(m) not in skip), key=lambda m: acc[(task, m)]["accuracy"])
 
 
 def run(cfg: StudyConfig, progress: bool = True) -> Study:
@@ -149,7 +200,8 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     from ..model import fetch
     from ..model.checkpoint import converted_folder
 
-    model, tok = sk.load_model(cfg.model_path), sk.load_tokenizer(cfg.model_path)
+    model = sk.load_model(cfg.model_path, **({} if cfg.prefill == "float32" else dict(weights="gguf", prefill="bfloat16")))
+    tok = sk.load_tokenizer(cfg.model_path)
     hf = peers.hf_model(converted_folder(Path(cfg.model_path)))
     c = model.config
     windows = tuple(c.windows) if any(c.windows) else None
@@ -164,24 +216,32 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
                                    rule_scorers=cfg.rule_scorers,
                                    other_rule=qs.other_rule(cfg.rule)),
                qs.peer_methods(cfg.presses, [cfg.budget], cfg.length, cfg.bits))
-    documents = [tasks.make(t, tok, cfg.length, cfg.n_facts, seed=cfg.seed0 + d)
-                 for t in cfg.task_names for d in range(cfg.docs)]
+    documents = [tasks.make(t, tok, cfg.length, cfg.facts_of(t), seed=cfg.seed0 + d)
+                 for t in cfg.task_names for d in range(cfg.docs_of(t))]
     for doc in documents:
         tasks.check(doc, tok)
     if cfg.dialogues:          # the second turns, asked on the same prefill as the single questions
         documents = [dataclasses.replace(d, questions=d.questions + tasks.two_turn(tok, d, cfg.dialogues, seed=d.seed))
                      for d in documents]
-    n_q = sum(len(d.questions) for d in documents)
+    peer_docs = max(map(cfg.docs_of, cfg.task_names)) if cfg.peer_docs is None else cfg.peer_docs
+    peered = [doc.seed - cfg.seed0 < peer_docs for doc in documents]        # the first peer_docs of each task
     t1 = time.perf_counter()
-    with tqdm(total=n_q * (1 + len(st.lossy)), desc="questions", disable=not progress) as bar:
-        for doc in documents:
-            st.rows += qs.lossless_answers(engines, doc, st.lossless, cfg.rule, progress=bar.update)
+    total = sum(len(d.questions) * (len(st.lossless) + len(st.lossy) * p) for d, p in zip(documents, peered))
+    with tqdm(total=total, desc="answers", disable=not progress) as bar:
+        for doc, peer in zip(documents, peered):
+            st.rows += qs.lossless_answers(engines, doc, st.lossless, cfg.rule,
+                                           progress=lambda: bar.update(len(st.lossless)))
+            if not peer:
+                continue
             peer_rows, held = qs.peer_answers(hf, doc, st.lossy, progress=bar.update)
             st.rows += peer_rows
             for k, v in held.items():
                 st.held_measured.setdefault(k, []).append(v)
     st.run_s = time.perf_counter() - t1
     st.acc = {(x["task"], x["method"]): x for x in qs.cells(st.rows)}
+    if cfg.peer_docs is not None and any(cfg.peer_docs < cfg.docs_of(t) for t in cfg.task_names):
+        st.acc_peered = {(x["task"], x["method"]): x for x in qs.cells(
+            [r for r in st.rows if r["doc"] < cfg.seed0 + peer_docs])}
     st.agreement = {(x["task"], x["method"]): x for x in qs.agreement_cells(st.rows)}
 
     sc = engine.store.config
@@ -197,7 +257,8 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     pairs = {"oracle vs dense": (f"oracle@{b}", "dense"), "minmax vs SnapKV": (f"minmax@{b}", f"SnapKV@{b}"),
              "minmax vs hqq2": (f"minmax@{b}", "hqq2"), "halves vs minmax": (f"halves@{b}", f"minmax@{b}"),
              "int8 dense vs dense": ("int8 dense", "dense"),
-             **{f"int8 {s} vs {s}": (f"int8 {s}@{b}", f"{s}@{b}") for s in cfg.int8_scorers}}
+             **{f"int8 {s} vs {s}": (f"int8 {s}@{b}", f"{s}@{b}") for s in cfg.int8_scorers},
+             **{f"{s} vs dense": (f"{s}@{b}", "dense") for s in cfg.dense_scorers}}
     rule_pairs = {f"{s} {st.other_rule} question vs {cfg.rule}": (qs.rule_name(f"{s}@{b}", st.other_rule), f"{s}@{b}")
                   for s in cfg.rule_scorers}
     pairs.update(rule_pairs)
@@ -206,8 +267,9 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     st.tests = {(t, k): qs.paired(st.rows, a, bb, task=t, length=cfg.length)
                 for t in st.tasks for k, (a, bb) in st.pairs.items()}
     st.agree = {t: qs.paired(st.rows, "dense", "hf dense", task=t) for t in st.tasks}
+    against_dense = {"oracle vs dense"} | {f"{s} vs dense" for s in cfg.dense_scorers}    # KL(dense) is 0 there
     st.kl_tests = {(t, k): qs.paired_kl(st.rows, a, bb, task=t, length=cfg.length)
-                   for t in st.tasks for k, (a, bb) in st.pairs.items() if k != "oracle vs dense"}
+                   for t in st.tasks for k, (a, bb) in st.pairs.items() if k not in against_dense}
     if cfg.dialogues:
         st.turn = {(t, m): qs.turn_effect(st.rows, m, t) for t in cfg.task_names for m in st.methods}
         st.order_acc = {(x["task"], x["order"], x["method"]): x for x in qs.cells(
@@ -228,6 +290,10 @@ def metrics(st: Study) -> tuple[dict, dict, list]:
     for v in table:
         key = f"acc.{v['task']}.{v['method']}"
         m[key], m[key + ".ci_lo"], m[key + ".ci_hi"] = v["accuracy"], v["lo"], v["hi"]
+    if st.acc_peered is not None:                       # every method on the questions the peers answered too
+        for (t, name), v in st.acc_peered.items():
+            m[f"acc_peered.{t}.{name}"] = v["accuracy"]
+        m.update({f"questions_peered.{t}": st.acc_peered[(t, "dense")]["n"] for t in st.tasks})
     for (t, name), v in st.agreement.items():         # the answer tokens against the method's own engine's dense
         key = f"agreement.{t}.{name}"
         m[key + ".top1"], m[key + ".kl"], m[key + ".kl.ci_lo"], m[key + ".kl.ci_hi"] = v["top1"], v["kl"], v["kl_lo"], \
@@ -252,6 +318,7 @@ def metrics(st: Study) -> tuple[dict, dict, list]:
         m[f"bytes.{name}.read"], m[f"bytes.{name}.held"] = v["read"], v["held"]
     kinds = {"run_s": "timing", "questions_per_cell.min": "exact", "document_tokens": "exact", "token_budget": "exact",
              **{f"questions.{t}": "exact" for t in st.tasks},
+             **{k: "exact" for k in m if k.startswith("questions_peered.")},
              **{f"agreement.{t}.dense_vs_hf.disagree": "exact" for t in st.tasks},
              **{k: "exact" for k in m if k.startswith("questions_by_order.")},
              **{k: "exact" for k in m if k.startswith("mcnemar.") and k.endswith(("a_only", "b_only"))}}

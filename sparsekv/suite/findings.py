@@ -492,11 +492,12 @@ def _routers() -> tuple[str, ...]:
     return tuple(s for s in SCORERS if s != "oracle")
 
 
-def _router_vs_press(task: str, n: str):
-    """The best router's (oracle aside) answers on `task` against the best press's, in words."""
+def _router_vs_press(task: str, n: str, cells: str = "acc"):
+    """The best router's (oracle aside) answers on `task` against the best press's, in words; `cells`: "acc", or
+    "acc_peered" for a run whose peers answered fewer documents (every method on the questions both answered)."""
     def f(m: Metrics) -> str:
-        acc = {k.removeprefix(f"acc.{task}.").removesuffix(f"@{B14}"): v for k, v in m[n].items()
-               if k.startswith(f"acc.{task}.") and k.endswith(f"@{B14}")}
+        acc = {k.removeprefix(f"{cells}.{task}.").removesuffix(f"@{B14}"): v for k, v in m[n].items()
+               if k.startswith(f"{cells}.{task}.") and k.endswith(f"@{B14}")}
         routers = {k: v for k, v in acc.items() if k in _routers()}
         presses = {k: v for k, v in acc.items() if k in PRESSES}
         r, p = max(routers, key=lambda k: (routers[k], k)), max(presses, key=lambda k: (presses[k], k))
@@ -694,6 +695,47 @@ FINDINGS.append(
             {"L": (N19, "document_tokens"), "n": (N19, "questions.passkey"), "d": (N19, "acc.passkey.dense"),
              "h": _rule_word("halves"), "mm": _rule_word("minmax"), "o": _rule_word("oracle"),
              "fav": _rule_verdict(("halves", "minmax", "oracle"))}))
+
+N20 = "20_paired_questions_gemma_16k"           # notebook 20: the study at 16k, its peers on 3 documents
+FINDINGS.append(
+    Finding("**Paired questions on Gemma 3 270M at 16k tokens (notebook 20).** {n:.0f} keyed passkey questions on "
+            "{L:,.0f}-token documents (2 per document, chosen on a dense-only pilot), where a " + str(B14) + "-token "
+            "budget is {frac:.1%} of the context. Dense answers {d:.0%}; `halves@" + str(B14) + "` {h:.0%}, which {hw}; "
+            "`minmax@" + str(B14) + "` {mm:.0%}, which {mw}; the oracle {o:.0%}. On the answer tokens `halves` "
+            "{kw}. A float32 transformers prefill of 16k tokens takes minutes here, so the peers answered {np:.0f} "
+            "questions (a pilot): on those, {rp}. sparsekv's dense (its bfloat16 prefill) and transformers' float32 "
+            "dense differ on {dis:.0f} of them. Gemma's dense answers almost nothing at 32k (the notebook's pilot), so "
+            "there is no 32k cell.",
+            {"n": (N20, "questions.passkey"), "L": (N20, "document_tokens"),
+             "frac": lambda m: B14 / m[N20]["document_tokens"], "d": (N20, "acc.passkey.dense"),
+             "h": (N20, f"acc.passkey.halves@{B14}"), "mm": (N20, f"acc.passkey.minmax@{B14}"),
+             "o": (N20, f"acc.passkey.oracle@{B14}"),
+             "hw": _versus14("passkey", f"halves@{B14}", "dense", "halves_vs_dense", "dense", N20),
+             "mw": _versus14("passkey", f"minmax@{B14}", "dense", "minmax_vs_dense", "dense", N20),
+             "kw": _kl_word("halves_vs_minmax", f"`minmax@{B14}`", N20),
+             "np": (N20, "questions_peered.passkey"), "rp": _router_vs_press("passkey", N20, "acc_peered"),
+             "dis": _disagree(N20)}))
+
+N21 = "21_task_family_gemma"                    # notebook 21: a fact in real code, and aggregation, Gemma 3 at 2k
+FINDINGS.append(
+    Finding("**A fact in real code, and aggregation (notebook 21, Gemma 3 270M at {L:,.0f} tokens).** On fact-code "
+            "({nfc:.0f} keyed constants planted in the standard library's source, each asked alone): dense answers "
+            "{d:.0%}; `halves@" + str(B14) + "` {h:.0%}, which {hw}; `minmax@" + str(B14) + "` {mm:.0%}, which {mw}; the "
+            "oracle {o:.0%}; the best press {bp}; HQQ 4-bit {h4:.0%} and 2-bit {h2:.0%}. On common-word "
+            "extraction ({ncw:.0f} word lists, the most common word asked), where top-k selection is expected to "
+            "struggle: dense {cd:.0%}, `halves@" + str(B14) + "` {ch:.0%}, which {chw}; `minmax@" + str(B14) + "` "
+            "{cm:.0%}, which {cmw}; the oracle {co:.0%}.",
+            {"L": (N21, "document_tokens"), "nfc": (N21, "questions.fact-code"), "ncw": (N21, "questions.common-words"),
+             **{k: (N21, f"acc.{t}.{m}") for k, t, m in (
+                 ("d", "fact-code", "dense"), ("h", "fact-code", f"halves@{B14}"), ("mm", "fact-code", f"minmax@{B14}"),
+                 ("o", "fact-code", f"oracle@{B14}"), ("h4", "fact-code", "hqq4"), ("h2", "fact-code", "hqq2"),
+                 ("cd", "common-words", "dense"), ("ch", "common-words", f"halves@{B14}"),
+                 ("cm", "common-words", f"minmax@{B14}"), ("co", "common-words", f"oracle@{B14}"))},
+             "hw": _versus14("fact-code", f"halves@{B14}", "dense", "halves_vs_dense", "dense", N21),
+             "mw": _versus14("fact-code", f"minmax@{B14}", "dense", "minmax_vs_dense", "dense", N21),
+             "chw": _versus14("common-words", f"halves@{B14}", "dense", "halves_vs_dense", "dense", N21),
+             "cmw": _versus14("common-words", f"minmax@{B14}", "dense", "minmax_vs_dense", "dense", N21),
+             "bp": _best_press14("fact-code", N21)}))
 
 FINDINGS.append(
     Finding("**A router at Quest's bytes that reaches the oracle (notebook 16, SmolLM2 at 2k tokens, held-out "

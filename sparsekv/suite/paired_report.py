@@ -36,6 +36,15 @@ def _hollow(st: Study) -> set[str]:
     return {"hf dense"} | {m.name for m in st.lossless if m.rule is not None}
 
 
+def _n_words(st: Study, task: str, cells: dict) -> str:
+    """How many questions `cells` ((task, method) -> {"n", ...}) rest on: "n = 104 questions per method", or with the
+    peers on fewer documents (`StudyConfig.peer_docs`) "n = 100 questions for sparsekv, 6 for transformers"."""
+    ns = {cells[(task, m)]["n"] for m in st.methods if (task, m) in cells}
+    if len(ns) == 1:
+        return f"n = {ns.pop()} questions per method"
+    return f"n = {cells[(task, 'dense')]['n']} questions for sparsekv, {cells[(task, 'hf dense')]['n']} for transformers"
+
+
 class _Spread:
     """x positions on a log axis for methods that share an x: the j-th method at x is drawn at x * 1.04 ** j, so
     none hides another (the tables and metrics give the exact values)."""
@@ -65,11 +74,12 @@ def accuracy_figure(st: Study, path: str | Path | None = None):
             _errorbar(ax, x, st.acc[(t, m)], st_, capsize=3, ms=7, mfc="white" if m in hollow else st_["color"])
         ax.axvline(len(st.lossless) - 0.5, color="0.7", lw=0.8)
         ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", fontsize=8)
-        ax.set(title=f"{t} (n = {st.acc[(t, methods[0])]['n']} per method)", ylim=(-0.03, 1.03))
+        ax.set(title=f"{t} ({_n_words(st, t, st.acc)})", ylim=(-0.03, 1.03))
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("questions answered (Wilson 95% CI)")
+    on = "" if st.acc_peered is None else " on the questions all answered"
     return _finish(fig, f"{st.model_name}, {st.config.length}-token documents, budget {st.config.budget}; best "
-                   "non-oracle method: " + ", ".join(f"{t} {st.best(t)}" for t in tn), path, wrap=True)
+                   f"non-oracle method{on}: " + ", ".join(f"{t} {st.best(t)}" for t in tn), path, wrap=True)
 
 
 def bytes_figure(st: Study, path: str | Path | None = None):
@@ -132,8 +142,8 @@ def agreement_figure(st: Study, path: str | Path | None = None):
     kl = {m: st.agreement[(t, m)]["kl"] for m in shown}
     best = min(kl, key=kl.get) if kl else "none"
     return _finish(fig, f"{st.model_name}, {t} at {st.config.length} tokens: closest to its dense on the answer tokens: "
-                   f"{best} ({kl.get(best, float('nan')):.3g} nats per token; n = {st.agreement[(t, 'dense')]['n']} "
-                   "questions, bootstrap 95% CI)", path)
+                   f"{best} ({kl.get(best, float('nan')):.3g} nats per token; {_n_words(st, t, st.agreement)}, "
+                   "bootstrap 95% CI)", path)
 
 
 def dialogue_figure(st: Study, path: str | Path | None = None):
@@ -226,7 +236,9 @@ def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool =
     """The study's claims on the first task (the headline) and per task.
 
     Invariants: every single-question cell has `min_questions` paired questions; sparsekv dense and transformers
-    dense disagree on at most 5% (in every task, second turns included); the byte model is within 10% of what
+    dense disagree on at most 5% (in every task, second turns included; with sparsekv's bfloat16 prefill, which may
+    flip a near-tied answer either way, their disagreements favour neither engine significantly: exact McNemar
+    p >= 0.05); the byte model is within 10% of what
     transformers' caches held. The two claims "the best router (oracle
     aside) answers at least as many as the best press at equal bytes read" and "HQQ-2 answers at most 5%" are gated
     findings (`gated`; `hqq2_gated`, when given, for the second alone) or, where a run states them for the first
@@ -241,21 +253,29 @@ def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool =
     significantly (exact McNemar, p >= 0.05)."""
     cfg, acc = st.config, st.acc
     out = Checks()
+    every = st.methods if st.acc_peered is None else [m.name for m in st.lossless]     # peers on fewer documents
     for t in cfg.task_names:
-        out.invariant(f"{t}: every method answered at least min_questions paired questions",
-                      min(acc[(t, m)]["n"] for m in st.methods), ">=", min_questions)
+        out.invariant(f"{t}: every method{'' if every == st.methods else ' of sparsekv'} answered at least "
+                      "min_questions paired questions", min(acc[(t, m)]["n"] for m in every), ">=", min_questions)
     for t in st.tasks:                          # the single questions, and the second turns of dialogues
         a = st.agree[t]
-        out.invariant(f"{t}: sparsekv dense and transformers dense disagree on at most 5% of questions",
-                      (a["a_only"] + a["b_only"]) / a["n"], "<=", 0.05)
+        if cfg.prefill == "float32":            # the same model at the same precision: answers nearly always equal
+            out.invariant(f"{t}: sparsekv dense and transformers dense disagree on at most 5% of questions",
+                          (a["a_only"] + a["b_only"]) / a["n"], "<=", 0.05)
+        else:                                   # a bf16 prefill may flip a near-tie; it must not favour one engine
+            out.invariant(f"{t}: sparsekv dense ({cfg.prefill} prefill) and transformers dense (float32) differ in no "
+                          f"direction significantly (exact McNemar p >= 0.05; {a['a_only'] + a['b_only']} of "
+                          f"{a['n']} questions differ)", a["p"], ">=", 0.05)
     t0 = cfg.task_names[0]
     routers = [f"{s}@{cfg.budget}" for s in cfg.scorers if s != "oracle"]
     presses = [m.name for m in st.lossy if m.family == "evict"]
     claim = out.finding if gated else out.hypothesis
-    if routers and presses:
+    if routers and presses:                     # on the same questions (with peer_docs, those the peers answered)
+        on = st.acc_shared
         claim(f"{t0}: at equal bytes read the best router (oracle aside) answers at least as many questions as the "
-              "best press", max(acc[(t0, m)]["accuracy"] for m in routers)
-              - max(acc[(t0, m)]["accuracy"] for m in presses), ">=", 0.0)
+              "best press" + ("" if st.acc_peered is None else f" (on the {on[(t0, 'dense')]['n']} questions both "
+                                                               "answered)"),
+              max(on[(t0, m)]["accuracy"] for m in routers) - max(on[(t0, m)]["accuracy"] for m in presses), ">=", 0.0)
     if "hqq2" in st.methods:
         claim = claim if hqq2_gated is None else out.finding if hqq2_gated else out.hypothesis
         claim(f"{t0}: HQQ at 2 bits answers at most 5% of questions", acc[(t0, "hqq2")]["accuracy"], "<=", 0.05)
@@ -275,9 +295,10 @@ def checks(st: Study, min_questions: int, gated: bool = True, dense_half: bool =
         else:
             worse = r["acc_a"] < r["acc_b"] and r["p"] < 0.05
             out.hypothesis(f"{t}: {a} is not significantly worse than {b} (McNemar p < 0.05)", float(worse), "==", 0.0)
-    unknown = [k for k in kl_pairs if k not in st.pairs or k == "oracle vs dense"]
+    tested = {k for _, k in st.kl_tests}               # the pre-stated pairs but those against dense
+    unknown = [k for k in kl_pairs if k not in tested]
     if unknown:
-        raise ValueError(f"kl_pairs must name pre-stated pairs of this run {sorted(set(st.pairs) - {'oracle vs dense'})}"
+        raise ValueError(f"kl_pairs must name pre-stated pairs of this run {sorted(tested)}"
                          f", got {unknown!r}")
     for (t, k), r in st.kl_tests.items():
         if k in kl_pairs:
