@@ -450,8 +450,8 @@ def test_with_peers_on_fewer_documents_a_comparison_with_a_peer_reads_the_shared
     assert next(k for k in checks if "best press" in k).endswith("(on the 6 questions both answered)")
     inv = next(c for k, c in checks.items() if "min_questions" in k)
     assert inv.value == 100 and inv.passed                               # the peers' 6 are not held to it
-    assert paired_report._n_words(st, "passkey", st.acc) == "n = 100 questions for sparsekv, 6 for transformers"
-    assert paired_report._n_words(st, "passkey", st.acc_peered) == "n = 6 questions per method"
+    assert paired_report._n_words(st, "passkey", st.acc) == "100 questions for sparsekv, 6 for transformers"
+    assert paired_report._n_words(st, "passkey", st.acc_peered) == "6 questions per method"
     st = _peered_study(None)                                             # as if every method answered every question
     assert st.acc_shared is st.acc and st.best("passkey") == "minmax@256"
     checks = paired_report.checks(st, 100, dense_half=False)

@@ -22,7 +22,8 @@ from ..analysis import peers, tasks
 from ..routing.scorers import SCORERS, summaries_for
 from . import questions as qs
 
-PREFILLS = ("float32", "bfloat16")
+# sparsekv's prefill for a study -> load_model's keywords (the engine the routers and sparsekv's dense run on)
+PREFILLS = {"float32": {}, "bfloat16": {"weights": "gguf", "prefill": "bfloat16"}}
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class StudyConfig:
             raise ValueError(f"peer_docs must be None or an int from 1 to docs = "
                              f"{min(map(self.docs_of, self.task_names))}, got {self.peer_docs!r}")
         if self.prefill not in PREFILLS:
-            raise ValueError(f"prefill must be one of {PREFILLS}, got {self.prefill!r}")
+            raise ValueError(f"prefill must be one of {tuple(PREFILLS)}, got {self.prefill!r}")
         if self.rule not in qs.RULES:
             raise ValueError(f"rule must be one of {qs.RULES}, got {self.rule!r}")
         if any(s not in self.scorers or s == "oracle" for s in self.dense_scorers):
@@ -200,7 +201,7 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     from ..model import fetch
     from ..model.checkpoint import converted_folder
 
-    model = sk.load_model(cfg.model_path, **({} if cfg.prefill == "float32" else dict(weights="gguf", prefill="bfloat16")))
+    model = sk.load_model(cfg.model_path, **PREFILLS[cfg.prefill])
     tok = sk.load_tokenizer(cfg.model_path)
     hf = peers.hf_model(converted_folder(Path(cfg.model_path)))
     c = model.config
@@ -223,15 +224,17 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     if cfg.dialogues:          # the second turns, asked on the same prefill as the single questions
         documents = [dataclasses.replace(d, questions=d.questions + tasks.two_turn(tok, d, cfg.dialogues, seed=d.seed))
                      for d in documents]
-    peer_docs = max(map(cfg.docs_of, cfg.task_names)) if cfg.peer_docs is None else cfg.peer_docs
-    peered = [doc.seed - cfg.seed0 < peer_docs for doc in documents]        # the first peer_docs of each task
+
+    def peered(seed: int) -> bool:                                          # the first peer_docs of each task
+        return cfg.peer_docs is None or seed - cfg.seed0 < cfg.peer_docs
+
     t1 = time.perf_counter()
-    total = sum(len(d.questions) * (len(st.lossless) + len(st.lossy) * p) for d, p in zip(documents, peered))
+    total = sum(len(d.questions) * (len(st.lossless) + len(st.lossy) * peered(d.seed)) for d in documents)
     with tqdm(total=total, desc="answers", disable=not progress) as bar:
-        for doc, peer in zip(documents, peered):
+        for doc in documents:
             st.rows += qs.lossless_answers(engines, doc, st.lossless, cfg.rule,
                                            progress=lambda: bar.update(len(st.lossless)))
-            if not peer:
+            if not peered(doc.seed):
                 continue
             peer_rows, held = qs.peer_answers(hf, doc, st.lossy, progress=bar.update)
             st.rows += peer_rows
@@ -240,8 +243,7 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     st.run_s = time.perf_counter() - t1
     st.acc = {(x["task"], x["method"]): x for x in qs.cells(st.rows)}
     if cfg.peer_docs is not None and any(cfg.peer_docs < cfg.docs_of(t) for t in cfg.task_names):
-        st.acc_peered = {(x["task"], x["method"]): x for x in qs.cells(
-            [r for r in st.rows if r["doc"] < cfg.seed0 + peer_docs])}
+        st.acc_peered = {(x["task"], x["method"]): x for x in qs.cells([r for r in st.rows if peered(r["doc"])])}
     st.agreement = {(x["task"], x["method"]): x for x in qs.agreement_cells(st.rows)}
 
     sc = engine.store.config
