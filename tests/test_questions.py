@@ -492,3 +492,52 @@ def test_a_bfloat16_study_holds_its_dense_engines_to_a_paired_test_not_a_five_pe
         inv = next(c for k, c in paired_report.checks(st, 6, dense_half=False).items()
                    if "transformers dense" in k)
         assert inv.passed is holds, (prefill, a_only)
+
+
+def test_every_method_is_tested_against_its_own_engine_s_dense_and_the_best_router_against_the_best_peers():
+    """`paired.against_dense` on a hand-made table of 4 documents x 3 questions, the peers answering the first 2
+    documents (`peer_docs`): sparsekv's methods against sparsekv's dense on all 12, transformers' against
+    transformers' dense on their 6; the best router, press and quantiser picked on the 6 questions all answered, and
+    paired there. Every count and exact p below is worked by hand (p = 2 * P(Binomial(n, 1/2) <= min count))."""
+    from sparsekv.studies import paired
+    cfg = paired.StudyConfig("m.gguf", task_names=["passkey"], docs=4, n_facts=3, scorers=["minmax", "halves", "oracle"],
+                             presses=["SnapKVPress", "TOVAPress"], bits=[4, 2], peer_docs=2)
+    st = paired.Study(cfg, "m", None, qs.lossless_methods(cfg.scorers, [256]),
+                      qs.peer_methods(cfg.presses, [256], cfg.length, cfg.bits))
+    answers = {"dense": "111111111100", "minmax@256": "111000111100", "halves@256": "111111111111",
+               "oracle@256": "111111111100", "hf dense": "111110", "SnapKV@256": "100000", "TOVA@256": "110001",
+               "hqq4": "111111", "hqq2": "000000"}
+    assert sorted(answers) == sorted(st.methods)
+    st.rows = [{"task": "passkey", "length": cfg.length, "doc": cfg.seed0 + i // 3, "question": i % 3, "method": m,
+                "correct": c == "1"} for m, s in answers.items() for i, c in enumerate(s)]
+    st.acc = {(x["task"], x["method"]): x for x in qs.cells(st.rows)}
+    st.acc_peered = {(x["task"], x["method"]): x for x in qs.cells([r for r in st.rows if r["doc"] < cfg.seed0 + 2])}
+    paired.against_dense(st)
+    expect = {"minmax@256": (12, 0, 3, 0.25), "halves@256": (12, 2, 0, 0.5), "oracle@256": (12, 0, 0, 1.0),
+              "SnapKV@256": (6, 0, 4, 0.125), "TOVA@256": (6, 1, 3, 0.625), "hqq4": (6, 1, 0, 1.0),
+              "hqq2": (6, 0, 5, 0.0625)}
+    assert {m: (r["n"], r["a_only"], r["b_only"], r["p"]) for (_, m), r in st.vs_dense.items()} == expect
+    # on the 6 shared questions: halves 6/6 beats minmax 3/6, TOVA 3/6 beats SnapKV 1/6, hqq4 6/6 beats hqq2 0/6
+    assert [st.best_of("passkey", k) for k in ("router", "press", "quantiser")] == ["halves@256", "TOVA@256", "hqq4"]
+    got = {k: (r["a"], r["b"], r["n"], r["a_only"], r["b_only"], r["p"]) for (_, k), r in st.best_tests.items()}
+    assert got == {"router vs press": ("halves@256", "TOVA@256", 6, 3, 0, 0.25),
+                   "router vs quantiser": ("halves@256", "hqq4", 6, 0, 0, 1.0)}
+    m, kinds, _ = paired.metrics(st)
+    assert (m["vs_dense.passkey.TOVA@256.a_only"], m["vs_dense.passkey.TOVA@256.b_only"]) == (1, 3)
+    assert m["best.passkey.router_vs_press.p"] == 0.25 and kinds["best.passkey.router_vs_press.a_only"] == "exact"
+    assert "vs_dense.passkey.dense.p" not in m and "vs_dense.passkey.hf dense.p" not in m
+    from sparsekv.suite import paired_report
+    table = paired_report.vs_dense_table(st).splitlines()
+    assert len(table) == 2 + 7 + 2                            # header, rule, 7 methods, the 2 best pairs
+    assert table[-2].startswith("passkey: best router vs best press:")
+    assert "halves@256 100.0% vs TOVA@256 50.0%, only the router 3, only the other 0, n 6" in table[-2]
+    with pytest.raises(ValueError, match="kind must be one of"):
+        st.best_of("passkey", "quantizer")
+    st.acc_peered[("passkey", "minmax@256")] = {**st.acc_peered[("passkey", "minmax@256")], "accuracy": 1.0}
+    assert st.best_of("passkey", "router") == "minmax@256"   # a tie: the name last in order, as findings words it
+    st.acc_peered = None                                  # every method on every question: minmax's 7/12 < halves' 12
+    assert st.best_of("passkey", "router") == "halves@256"
+    tie = paired.Study(cfg, "m", None, st.lossless, [])   # no peers: nothing to pair the best router with
+    tie.rows, tie.acc = st.rows, st.acc
+    paired.against_dense(tie)
+    assert tie.best_tests == {} and tie.best_of("passkey", "press") is None

@@ -4,6 +4,8 @@ method, each question on its own copy, one rule for the question, bytes against 
 McNemar) is `studies.questions`; this module strings it together and names what a notebook reports:
 
     run(cfg)            every method's answers to every question of `cfg.docs` documents per task -> Study
+    against_dense(st)   every method's exact McNemar against its own engine's dense, and the best router's against
+                        the best press and the best quantised cache
     metrics             the metrics JSON's numbers, kinds and headline
 
 Its figures and checks are `suite.paired_report` (the suite's layer: plots and the notebook's Checks).
@@ -129,7 +131,11 @@ class Study:
     (`questions.turn_effect`), and order_acc: (2-turn task, order, method) -> its Wilson cell; rule_pairs: the names
     of `pairs` that set a router under the other question rule against itself under the run's; acc_peered: with
     `peer_docs` short of `docs`, (task, method) -> its Wilson cell on the questions the peers answered too, else None
-    (`acc_shared` gives the one to read)."""
+    (`acc_shared` gives the one to read); vs_dense: (task, method) -> exact McNemar of every method but the two dense
+    ones against its own engine's dense (a = the method), reported for every cell, never a hypothesis; best_tests:
+    (task, "router vs press" | "router vs quantiser") -> exact McNemar of the best router (oracle aside, under the run's
+    rule, exact blocks) against the best press or the best quantised cache on the questions both answered, with the
+    two methods' names ("a", "b"; `best_of`)."""
 
     config: StudyConfig
     model_name: str
@@ -151,6 +157,8 @@ class Study:
     order_acc: dict = field(default_factory=dict)
     rule_pairs: tuple = ()
     acc_peered: dict | None = None
+    vs_dense: dict = field(default_factory=dict)
+    best_tests: dict = field(default_factory=dict)
 
     @property
     def acc_shared(self) -> dict:
@@ -182,6 +190,19 @@ class Study:
         if m.family == "dense":
             return "dense"
         return m.name.split("@")[0] if m.family == "evict" else f"HQQ{m.bits}"
+
+    def best_of(self, task: str, kind: str) -> str | None:
+        """The most accurate method of one kind on `task`, on the questions every method answered (`acc_shared`), or
+        None when the run has none: "router" (a router under the run's rule over exact blocks, the oracle aside),
+        "press" (a kvpress press) or "quantiser" (an HQQ cache). Ties go to the name last in alphabetical order, the
+        rule `suite.findings` words the best router and press by, so the README names the methods tested here."""
+        kinds = {"router": [f"{s}@{self.config.budget}" for s in self.config.scorers if s != "oracle"],
+                 "press": [m.name for m in self.lossy if m.family == "evict"],
+                 "quantiser": [m.name for m in self.lossy if m.family == "quant"]}
+        if kind not in kinds:
+            raise ValueError(f"kind must be one of {list(kinds)}, got {kind!r}")
+        names = [m for m in kinds[kind] if m in self.methods]
+        return max(names, key=lambda m: (self.acc_shared[(task, m)]["accuracy"], m)) if names else None
 
     def best(self, task: str) -> str:
         """The best method on `task` other than exact dense (both engines) and the oracle (under either question rule,
@@ -269,9 +290,10 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     st.tests = {(t, k): qs.paired(st.rows, a, bb, task=t, length=cfg.length)
                 for t in st.tasks for k, (a, bb) in st.pairs.items()}
     st.agree = {t: qs.paired(st.rows, "dense", "hf dense", task=t) for t in st.tasks}
-    against_dense = {"oracle vs dense"} | {f"{s} vs dense" for s in cfg.dense_scorers}    # KL(dense) is 0 there
+    vs_dense_pairs = {"oracle vs dense"} | {f"{s} vs dense" for s in cfg.dense_scorers}    # KL(dense) is 0 there
     st.kl_tests = {(t, k): qs.paired_kl(st.rows, a, bb, task=t, length=cfg.length)
-                   for t in st.tasks for k, (a, bb) in st.pairs.items() if k not in against_dense}
+                   for t in st.tasks for k, (a, bb) in st.pairs.items() if k not in vs_dense_pairs}
+    against_dense(st)
     if cfg.dialogues:
         st.turn = {(t, m): qs.turn_effect(st.rows, m, t) for t in cfg.task_names for m in st.methods}
         st.order_acc = {(x["task"], x["order"], x["method"]): x for x in qs.cells(
@@ -279,12 +301,31 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     return st
 
 
+def against_dense(st: Study) -> None:
+    """Fill `st.vs_dense` (every method but the two dense ones against its own engine's dense: sparsekv's against
+    "dense", transformers' against "hf dense") and `st.best_tests` (the best router against the best press and the
+    best quantised cache, `Study.best_of`) from `st.rows` and `st.acc`: exact McNemar on the questions both answered."""
+    dense_of = {**{m.name: "dense" for m in st.lossless}, **{m.name: "hf dense" for m in st.lossy}}
+    st.vs_dense = {(t, m): qs.paired(st.rows, m, dense_of[m], task=t)
+                   for t in st.tasks for m in st.methods if m not in ("dense", "hf dense")}
+    st.best_tests = {}
+    for t in st.tasks:
+        a = st.best_of(t, "router")
+        for kind in ("press", "quantiser"):
+            b = st.best_of(t, kind)
+            if a is not None and b is not None:
+                st.best_tests[(t, f"router vs {kind}")] = {**qs.paired(st.rows, a, b, task=t), "a": a, "b": b}
+
+
 # -- metrics --------------------------------------------------------------------------------------
 
 def metrics(st: Study) -> tuple[dict, dict, list]:
     """(metrics, kinds, headline) for `report.write_metrics`: every cell's accuracy with its interval
     (acc.<task>.<method>, .ci_lo, .ci_hi), the answer tokens' agreement with dense (agreement.<task>.<method>.top1,
-    .kl, .kl.ci_lo, .kl.ci_hi), each test's p, the engines' disagreements, each method's bytes."""
+    .kl, .kl.ci_lo, .kl.ci_hi), each test's p, every method's exact McNemar against its own engine's dense
+    (vs_dense.<task>.<method>.p, .a_only: questions only the method answered, .b_only: only dense), the best router's
+    against the best press and the best quantiser (best.<task>.router_vs_press.p, router_vs_quantiser; a_only: only the
+    router), the engines' disagreements, each method's bytes."""
     cfg = st.config
     table = list(st.acc.values())
     m = {"questions_per_cell.min": min(v["n"] for v in table), "run_s": st.run_s, "document_tokens": cfg.length,
@@ -305,6 +346,12 @@ def metrics(st: Study) -> tuple[dict, dict, list]:
         if k in st.rule_pairs:                          # the discordant questions: only under the other rule, the run's
             m[f"mcnemar.{t}.{k.replace(' ', '_')}.a_only"] = r["a_only"]
             m[f"mcnemar.{t}.{k.replace(' ', '_')}.b_only"] = r["b_only"]
+    for (t, name), r in st.vs_dense.items():            # every method against its own engine's dense
+        key = f"vs_dense.{t}.{name}"
+        m[key + ".p"], m[key + ".a_only"], m[key + ".b_only"] = r["p"], r["a_only"], r["b_only"]
+    for (t, k), r in st.best_tests.items():             # the best router against the best press, the best quantiser
+        key = f"best.{t}.{k.replace(' ', '_')}"
+        m[key + ".p"], m[key + ".a_only"], m[key + ".b_only"] = r["p"], r["a_only"], r["b_only"]
     for (t, name), r in st.turn.items():
         key = f"turn.{t}.{name}"
         m[key + ".alone"], m[key + ".second"], m[key + ".p"] = r["acc_a"], r["acc_b"], r["p"]
@@ -323,10 +370,11 @@ def metrics(st: Study) -> tuple[dict, dict, list]:
              **{k: "exact" for k in m if k.startswith("questions_peered.")},
              **{f"agreement.{t}.dense_vs_hf.disagree": "exact" for t in st.tasks},
              **{k: "exact" for k in m if k.startswith("questions_by_order.")},
-             **{k: "exact" for k in m if k.startswith("mcnemar.") and k.endswith(("a_only", "b_only"))}}
+             **{k: "exact" for k in m
+                if k.startswith(("mcnemar.", "vs_dense.", "best.")) and k.endswith(("a_only", "b_only"))}}
     headline = [f"acc.{cfg.task_names[0]}.{x}" for x in ("dense", f"minmax@{cfg.budget}", f"SnapKV@{cfg.budget}", "hqq2")
                 if x in st.methods]
     return m, kinds, headline
 
 
-__all__ = ["StudyConfig", "Study", "run", "metrics"]
+__all__ = ["StudyConfig", "Study", "run", "against_dense", "metrics"]

@@ -502,7 +502,12 @@ def _router_vs_press(task: str, n: str, cells: str = "acc"):
         presses = {k: v for k, v in acc.items() if k in PRESSES}
         r, p = max(routers, key=lambda k: (routers[k], k)), max(presses, key=lambda k: (presses[k], k))
         word = "at least as many as" if routers[r] >= presses[p] else "fewer than"
-        return f"`{r}@{B14}` answers {routers[r]:.0%}, {word} the best press ({p} {presses[p]:.0%})"
+        out = f"`{r}@{B14}` answers {routers[r]:.0%}, {word} the best press ({p} {presses[p]:.0%})"
+        k = f"best.{task}.router_vs_press"             # the paired test (`Study.best_of` picks the same two methods)
+        if k + ".p" in m[n]:
+            out += (f"; paired on the same questions, {m[n][k + '.a_only']:.0f} answered only by the router and "
+                    f"{m[n][k + '.b_only']:.0f} only by the press, exact McNemar p = {m[n][k + '.p']:.2g}")
+        return out
     return f
 
 
@@ -716,12 +721,33 @@ FINDINGS.append(
              "np": (N20, "questions_peered.passkey"), "rp": _router_vs_press("passkey", N20, "acc_peered"),
              "dis": _disagree(N20)}))
 
+def _best_pair(task: str, kind: str, n: str):
+    """The best router against the best press or quantised cache of notebook `n` (`Study.best_of`, ties by name as
+    here), paired on the same questions, in words: the discordant counts and the exact McNemar p (0.05)."""
+    def best(m: Metrics, names) -> str:
+        cells = "acc_peered" if any(k.startswith(f"acc_peered.{task}.") for k in m[n]) else "acc"
+        acc = {x: m[n][f"{cells}.{task}.{x}"] for x in names if f"{cells}.{task}.{x}" in m[n]}
+        return max(acc, key=lambda x: (acc[x], x))
+
+    def f(m: Metrics) -> str:
+        k = f"best.{task}.router_vs_{kind}"
+        a, b, p = m[n][k + ".a_only"], m[n][k + ".b_only"], m[n][k + ".p"]
+        r = best(m, [f"{x}@{B14}" for x in _routers()])
+        o = best(m, [f"{x}@{B14}" for x in PRESSES] if kind == "press" else [f"hqq{b}" for b in (8, 4, 2)])
+        says = (f"the router answers significantly {'more' if a > b else 'fewer'}" if p < 0.05 else
+                "no significant difference")
+        return (f"`{r}` against {o}, the best {kind}: {a:.0f} questions answered only by the router, {b:.0f} only "
+                f"by {o} (exact McNemar p = {p:.2g}; {says})")
+    return f
+
+
 N21 = "21_task_family_gemma"                    # notebook 21: a fact in real code, and aggregation, Gemma 3 at 2k
 FINDINGS.append(
     Finding("**A fact in real code, and aggregation (notebook 21, Gemma 3 270M at {L:,.0f} tokens).** On fact-code "
             "({nfc:.0f} keyed constants planted in the standard library's source, each asked alone): dense answers "
             "{d:.0%}; `halves@" + str(B14) + "` {h:.0%}, which {hw}; `minmax@" + str(B14) + "` {mm:.0%}, which {mw}; the "
-            "oracle {o:.0%}; the best press {bp}; HQQ 4-bit {h4:.0%} and 2-bit {h2:.0%}. On common-word "
+            "oracle {o:.0%}; the best press {bp}; HQQ 4-bit {h4:.0%} and 2-bit {h2:.0%}. Paired on the same "
+            "questions, the best router against the best peers: {bpp}; {bpq}. On common-word "
             "extraction ({ncw:.0f} word lists, the most common word asked), where top-k selection is expected to "
             "struggle: dense {cd:.0%}, `halves@" + str(B14) + "` {ch:.0%}, which {chw}; `minmax@" + str(B14) + "` "
             "{cm:.0%}, which {cmw}; the oracle {co:.0%}.",
@@ -735,7 +761,38 @@ FINDINGS.append(
              "mw": _versus14("fact-code", f"minmax@{B14}", "dense", "minmax_vs_dense", "dense", N21),
              "chw": _versus14("common-words", f"halves@{B14}", "dense", "halves_vs_dense", "dense", N21),
              "cmw": _versus14("common-words", f"minmax@{B14}", "dense", "minmax_vs_dense", "dense", N21),
-             "bp": _best_press14("fact-code", N21)}))
+             "bp": _best_press14("fact-code", N21), "bpp": _best_pair("fact-code", "press", N21),
+             "bpq": _best_pair("fact-code", "quantiser", N21)}))
+
+
+
+def _rule_brief(scorers, n: str, task: str):
+    """Each router's accuracy under both question rules on `task` of notebook `n`, with the exact McNemar p of the
+    pair, then which rule the significant changes (0.05) favour, in words."""
+    def f(m: Metrics) -> str:
+        parts, better = [], set()
+        for s in scorers:
+            a, b = m[n][f"acc.{task}.{s}@{B14}"], m[n][f"acc.{task}.{s}@{B14}, routed question"]
+            p = m[n][f"mcnemar.{task}.{s}_routed_question_vs_dense.p"]
+            parts.append(f"`{s}@{B14}` {a:.0%} and {b:.0%} (p = {p:.2g})")
+            if p < 0.05:
+                better.add("dense" if a > b else "routed")
+        verdict = ("the rule changes no router's answers significantly" if not better else
+                   f"the significant changes favour the {better.pop()} rule" if len(better) == 1 else
+                   "the significant changes go both ways")
+        return "; ".join(parts) + f": {verdict}"
+    return f
+
+
+FINDINGS.append(
+    Finding("**The question rule on the task family (notebook 21, Gemma 3 270M at {L:,.0f} tokens).** Each router "
+            "also answered every question with its question's tokens routed, on the same prefill, paired with itself "
+            "under the dense rule; each router's accuracy with the question prefilled densely, then routed, and the "
+            "exact McNemar p. On fact-code ({nfc:.0f} questions): {fc}. On common-words ({ncw:.0f}): {cw}. Every "
+            "headline keeps the dense rule.",
+            {"L": (N21, "document_tokens"), "nfc": (N21, "questions.fact-code"), "ncw": (N21, "questions.common-words"),
+             "fc": _rule_brief(("halves", "minmax", "oracle"), N21, "fact-code"),
+             "cw": _rule_brief(("halves", "minmax", "oracle"), N21, "common-words")}))
 
 FINDINGS.append(
     Finding("**A router at Quest's bytes that reaches the oracle (notebook 16, SmolLM2 at 2k tokens, held-out "
