@@ -537,7 +537,7 @@ def test_every_method_is_tested_against_its_own_engine_s_dense_and_the_best_rout
     assert st.best_of("passkey", "router") == "minmax@256"   # a tie: the name last in order, as findings words it
     st.acc_peered = None                                  # every method on every question: minmax's 7/12 < halves' 12
     assert st.best_of("passkey", "router") == "halves@256"
-    tie = paired.Study(cfg, "m", None, st.lossless, [])   # no peers: nothing to pair the best router with
-    tie.rows, tie.acc = st.rows, st.acc
-    paired.against_dense(tie)
-    assert tie.best_tests == {} and tie.best_of("passkey", "press") is None
+    alone = paired.Study(cfg, "m", None, st.lossless, [])  # no peers: nothing to pair the best router with
+    alone.rows, alone.acc = st.rows, st.acc
+    paired.against_dense(alone)
+    assert alone.best_tests == {} and alone.best_of("passkey", "press") is None

@@ -492,6 +492,11 @@ def _routers() -> tuple[str, ...]:
     return tuple(s for s in SCORERS if s != "oracle")
 
 
+def _best_name(acc: dict) -> str:
+    """The most accurate of {name: accuracy}, ties to the name last in order (`Study.best_of`'s rule)."""
+    return max(acc, key=lambda k: (acc[k], k))
+
+
 def _router_vs_press(task: str, n: str, cells: str = "acc"):
     """The best router's (oracle aside) answers on `task` against the best press's, in words; `cells`: "acc", or
     "acc_peered" for a run whose peers answered fewer documents (every method on the questions both answered)."""
@@ -500,7 +505,7 @@ def _router_vs_press(task: str, n: str, cells: str = "acc"):
                if k.startswith(f"{cells}.{task}.") and k.endswith(f"@{B14}")}
         routers = {k: v for k, v in acc.items() if k in _routers()}
         presses = {k: v for k, v in acc.items() if k in PRESSES}
-        r, p = max(routers, key=lambda k: (routers[k], k)), max(presses, key=lambda k: (presses[k], k))
+        r, p = _best_name(routers), _best_name(presses)
         word = "at least as many as" if routers[r] >= presses[p] else "fewer than"
         out = f"`{r}@{B14}` answers {routers[r]:.0%}, {word} the best press ({p} {presses[p]:.0%})"
         k = f"best.{task}.router_vs_press"             # the paired test (`Study.best_of` picks the same two methods)
@@ -721,19 +726,19 @@ FINDINGS.append(
              "np": (N20, "questions_peered.passkey"), "rp": _router_vs_press("passkey", N20, "acc_peered"),
              "dis": _disagree(N20)}))
 
+
 def _best_pair(task: str, kind: str, n: str):
     """The best router against the best press or quantised cache of notebook `n` (`Study.best_of`, ties by name as
     here), paired on the same questions, in words: the discordant counts and the exact McNemar p (0.05)."""
     def best(m: Metrics, names) -> str:
         cells = "acc_peered" if any(k.startswith(f"acc_peered.{task}.") for k in m[n]) else "acc"
-        acc = {x: m[n][f"{cells}.{task}.{x}"] for x in names if f"{cells}.{task}.{x}" in m[n]}
-        return max(acc, key=lambda x: (acc[x], x))
+        return _best_name({x: m[n][f"{cells}.{task}.{x}"] for x in names if f"{cells}.{task}.{x}" in m[n]})
 
     def f(m: Metrics) -> str:
         k = f"best.{task}.router_vs_{kind}"
         a, b, p = m[n][k + ".a_only"], m[n][k + ".b_only"], m[n][k + ".p"]
         r = best(m, [f"{x}@{B14}" for x in _routers()])
-        o = best(m, [f"{x}@{B14}" for x in PRESSES] if kind == "press" else [f"hqq{b}" for b in (8, 4, 2)])
+        o = best(m, [f"{x}@{B14}" for x in PRESSES] if kind == "press" else [f"hqq{bits}" for bits in (8, 4, 2)])
         says = (f"the router answers significantly {'more' if a > b else 'fewer'}" if p < 0.05 else
                 "no significant difference")
         return (f"`{r}` against {o}, the best {kind}: {a:.0f} questions answered only by the router, {b:.0f} only "
@@ -763,7 +768,6 @@ FINDINGS.append(
              "cmw": _versus14("common-words", f"minmax@{B14}", "dense", "minmax_vs_dense", "dense", N21),
              "bp": _best_press14("fact-code", N21), "bpp": _best_pair("fact-code", "press", N21),
              "bpq": _best_pair("fact-code", "quantiser", N21)}))
-
 
 
 def _rule_brief(scorers, n: str, task: str):
