@@ -516,6 +516,25 @@ def _router_vs_press(task: str, n: str, cells: str = "acc"):
     return f
 
 
+def _best_pair(task: str, kind: str, n: str):
+    """The best router against the best press or quantised cache of notebook `n` (`Study.best_of`, ties by name as
+    here), paired on the same questions, in words: the discordant counts and the exact McNemar p (0.05)."""
+    def best(m: Metrics, names) -> str:
+        cells = "acc_peered" if any(k.startswith(f"acc_peered.{task}.") for k in m[n]) else "acc"
+        return _best_name({x: m[n][f"{cells}.{task}.{x}"] for x in names if f"{cells}.{task}.{x}" in m[n]})
+
+    def f(m: Metrics) -> str:
+        k = f"best.{task}.router_vs_{kind}"
+        a, b, p = m[n][k + ".a_only"], m[n][k + ".b_only"], m[n][k + ".p"]
+        r = best(m, [f"{x}@{B14}" for x in _routers()])
+        o = best(m, [f"{x}@{B14}" for x in PRESSES] if kind == "press" else [f"hqq{bits}" for bits in (8, 4, 2)])
+        says = (f"the router answers significantly {'more' if a > b else 'fewer'}" if p < 0.05 else
+                "no significant difference")
+        return (f"`{r}` against {o}, the best {kind}: {a:.0f} questions answered only by the router, {b:.0f} only "
+                f"by {o} (exact McNemar p = {p:.2g}; {says})")
+    return f
+
+
 def _quant_vs_routers(method: str, n: str):
     """Whether `method` reads fewer bytes per step than every router of notebook `n`, in words."""
     def f(m: Metrics) -> str:
@@ -545,11 +564,15 @@ FINDINGS.append(
             "and the question prefilled densely over what the method holds. " + "; ".join(t for t, _ in _T14) + ". "
             "Per decode step `minmax@" + str(B14) + "` reads {rr:.2f} of a bf16 dense cache's K/V bytes and holds "
             "{hr:.2f} (its block summaries included); a press at the same budget reads and holds {rs:.2f}, HQQ 4-bit "
-            "{rh4:.2f} and 2-bit {rh:.2f}. Stated before the run: that dense answers at least half the passkey "
+            "{rh4:.2f} and 2-bit {rh:.2f}. Paired on the same questions, the best router against the best quantised "
+            "cache (at its own bytes): passkey, {bq_passkey}; multi-key, {bq_multi_key}; fact-prose, {bq_fact_prose}. "
+            "Stated before the run: that dense answers at least half the passkey "
             "questions ({verdict}: {pd:.0%}), so every accuracy here reads against dense's, not against 100%. sparsekv's dense answers and transformers' differ on {dis:.0f} of the {nall:.0f} questions.",
             {**_paired_values(N14, _T14),
              "verdict": lambda m: "supported" if m[N14]["acc.passkey.dense"] >= 0.5 else "rejected",
-             "pd": (N14, "acc.passkey.dense")}))
+             "pd": (N14, "acc.passkey.dense"),
+             **{f"bq_{t.replace('-', '_')}": _best_pair(t, "quantiser", N14)
+                for t in ("passkey", "multi-key", "fact-prose")}}))
 
 _T15 = [_task14(t, N15) for t in ("passkey", "multi-key")]
 FINDINGS.append(
@@ -725,25 +748,6 @@ FINDINGS.append(
              "kw": _kl_word("halves_vs_minmax", f"`minmax@{B14}`", N20),
              "np": (N20, "questions_peered.passkey"), "rp": _router_vs_press("passkey", N20, "acc_peered"),
              "dis": _disagree(N20)}))
-
-
-def _best_pair(task: str, kind: str, n: str):
-    """The best router against the best press or quantised cache of notebook `n` (`Study.best_of`, ties by name as
-    here), paired on the same questions, in words: the discordant counts and the exact McNemar p (0.05)."""
-    def best(m: Metrics, names) -> str:
-        cells = "acc_peered" if any(k.startswith(f"acc_peered.{task}.") for k in m[n]) else "acc"
-        return _best_name({x: m[n][f"{cells}.{task}.{x}"] for x in names if f"{cells}.{task}.{x}" in m[n]})
-
-    def f(m: Metrics) -> str:
-        k = f"best.{task}.router_vs_{kind}"
-        a, b, p = m[n][k + ".a_only"], m[n][k + ".b_only"], m[n][k + ".p"]
-        r = best(m, [f"{x}@{B14}" for x in _routers()])
-        o = best(m, [f"{x}@{B14}" for x in PRESSES] if kind == "press" else [f"hqq{bits}" for bits in (8, 4, 2)])
-        says = (f"the router answers significantly {'more' if a > b else 'fewer'}" if p < 0.05 else
-                "no significant difference")
-        return (f"`{r}` against {o}, the best {kind}: {a:.0f} questions answered only by the router, {b:.0f} only "
-                f"by {o} (exact McNemar p = {p:.2g}; {says})")
-    return f
 
 
 N21 = "21_task_family_gemma"                    # notebook 21: a fact in real code, and aggregation, Gemma 3 at 2k
