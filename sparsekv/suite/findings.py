@@ -518,7 +518,8 @@ def _router_vs_press(task: str, n: str, cells: str = "acc"):
 
 def _best_pair(task: str, kind: str, n: str):
     """The best router against the best press or quantised cache of notebook `n` (`Study.best_of`, ties by name as
-    here), paired on the same questions, in words: the discordant counts and the exact McNemar p (0.05)."""
+    here), paired on the same questions, in words: the discordant counts, the exact McNemar p (0.05) and what each
+    reads per step."""
     def best(m: Metrics, names) -> str:
         cells = "acc_peered" if any(k.startswith(f"acc_peered.{task}.") for k in m[n]) else "acc"
         return _best_name({x: m[n][f"{cells}.{task}.{x}"] for x in names if f"{cells}.{task}.{x}" in m[n]})
@@ -531,7 +532,8 @@ def _best_pair(task: str, kind: str, n: str):
         says = (f"the router answers significantly {'more' if a > b else 'fewer'}" if p < 0.05 else
                 "no significant difference")
         return (f"`{r}` against {o}, the best {kind}: {a:.0f} questions answered only by the router, {b:.0f} only "
-                f"by {o} (exact McNemar p = {p:.2g}; {says})")
+                f"by {o} (exact McNemar p = {p:.2g}; {says}), reading {m[n][f'bytes.{r}.read']:.2f} and "
+                f"{m[n][f'bytes.{o}.read']:.2f} of a bf16 dense cache per step")
     return f
 
 
@@ -565,7 +567,7 @@ FINDINGS.append(
             "Per decode step `minmax@" + str(B14) + "` reads {rr:.2f} of a bf16 dense cache's K/V bytes and holds "
             "{hr:.2f} (its block summaries included); a press at the same budget reads and holds {rs:.2f}, HQQ 4-bit "
             "{rh4:.2f} and 2-bit {rh:.2f}. Paired on the same questions, the best router against the best quantised "
-            "cache (at its own bytes): passkey, {bq_passkey}; multi-key, {bq_multi_key}; fact-prose, {bq_fact_prose}. "
+            "cache: passkey, {bq_passkey}; multi-key, {bq_multi_key}; fact-prose, {bq_fact_prose}. "
             "Stated before the run: that dense answers at least half the passkey "
             "questions ({verdict}: {pd:.0%}), so every accuracy here reads against dense's, not against 100%. sparsekv's dense answers and transformers' differ on {dis:.0f} of the {nall:.0f} questions.",
             {**_paired_values(N14, _T14),
@@ -581,10 +583,12 @@ FINDINGS.append(
             "512-token window for every method. " + "; ".join(t for t, _ in _T15) + ". On passkey {rp}. Per decode "
             "step, over the whole model, `minmax@" + str(B14) + "` reads {rr:.2f} of a bf16 dense cache's K/V bytes "
             "and holds {hr:.2f}; a press reads and holds {rs:.2f}, HQQ 4-bit {rh4:.2f} and 2-bit {rh:.2f} (counted "
-            "as if its sliding layers held only their window): {q4}. sparsekv's dense answers and transformers' differ on "
-            "{dis:.0f} of the {nall:.0f} questions.",
+            "as if its sliding layers held only their window): {q4}. Paired on the same questions, the best router against "
+            "the best quantised cache: passkey, {bq_passkey}; multi-key, {bq_multi_key}. sparsekv's dense answers and "
+            "transformers' differ on {dis:.0f} of the {nall:.0f} questions.",
             {**_paired_values(N15, _T15),
-             "rp": _router_vs_press("passkey", N15), "q4": _quant_vs_routers("hqq4", N15)}))
+             "rp": _router_vs_press("passkey", N15), "q4": _quant_vs_routers("hqq4", N15),
+             **{f"bq_{t.replace('-', '_')}": _best_pair(t, "quantiser", N15) for t in ("passkey", "multi-key")}}))
 
 _T17 = [_task14("passkey", N17)]
 FINDINGS.append(
