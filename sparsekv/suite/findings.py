@@ -531,8 +531,8 @@ def _best_pair(task: str, kind: str, n: str):
         o = best(m, [f"{x}@{B14}" for x in PRESSES] if kind == "press" else [f"hqq{bits}" for bits in (8, 4, 2)])
         says = (f"the router answers significantly {'more' if a > b else 'fewer'}" if p < 0.05 else
                 "no significant difference")
-        return (f"`{r}` against {o}, the best {kind}: {a:.0f} questions answered only by the router, {b:.0f} only "
-                f"by {o} (exact McNemar p = {p:.2g}; {says}), reading {m[n][f'bytes.{r}.read']:.2f} and "
+        return (f"`{r}` against {o}, the best {kind}: {a:.0f} question{'' if a == 1 else 's'} answered only by the "
+                f"router, {b:.0f} only by {o} (exact McNemar p = {p:.2g}; {says}), reading {m[n][f'bytes.{r}.read']:.2f} and "
                 f"{m[n][f'bytes.{o}.read']:.2f} of a bf16 dense cache per step")
     return f
 
@@ -583,8 +583,8 @@ FINDINGS.append(
             "512-token window for every method. " + "; ".join(t for t, _ in _T15) + ". On passkey {rp}. Per decode "
             "step, over the whole model, `minmax@" + str(B14) + "` reads {rr:.2f} of a bf16 dense cache's K/V bytes "
             "and holds {hr:.2f}; a press reads and holds {rs:.2f}, HQQ 4-bit {rh4:.2f} and 2-bit {rh:.2f} (counted "
-            "as if its sliding layers held only their window): {q4}. Paired on the same questions, the best router against "
-            "the best quantised cache: passkey, {bq_passkey}; multi-key, {bq_multi_key}. sparsekv's dense answers and "
+            "as if its sliding layers held only their window): {q4}. Paired on the same questions, the best router "
+            "against the best quantised cache: passkey, {bq_passkey}; multi-key, {bq_multi_key}. sparsekv's dense answers and "
             "transformers' differ on {dis:.0f} of the {nall:.0f} questions.",
             {**_paired_values(N15, _T15),
              "rp": _router_vs_press("passkey", N15), "q4": _quant_vs_routers("hqq4", N15),
@@ -594,14 +594,16 @@ _T17 = [_task14("passkey", N17)]
 FINDINGS.append(
     Finding("**Paired questions on Gemma 3 270M at 8k tokens (notebook 17).** Notebook 15's study at {L:,.0f} tokens, "
             "where a " + str(B14) + "-token budget is {frac:.1%} of the context: {n:.0f} keyed passkey questions (8 per "
-            "document, chosen on a dense-only pilot), each on its own copy of one prefill. " + _T17[0][0] + "; `halves@" + str(B14) + "` answers {h:.0%}, which {hw}. On passkey {rp}. Per "
+            "document, chosen on a dense-only pilot), each on its own copy of one prefill. " + _T17[0][0] + "; `halves@"
+            + str(B14) + "` answers {h:.0%}, which {hw}. On passkey {rp}; against the best quantised cache, {bq}. Per "
             "decode step, over the whole model, `minmax@" + str(B14) + "` reads {rr:.2f} of a bf16 dense cache's K/V "
             "bytes and holds {hr:.2f}; a press reads and holds {rs:.2f}, HQQ 4-bit {rh4:.2f} and 2-bit {rh:.2f}: {q4}. "
             "sparsekv's dense answers and transformers' differ on {dis:.0f} of the {nall:.0f} questions.",
             {**_paired_values(N17, _T17), "frac": lambda m: B14 / m[N17]["document_tokens"],
              "h": (N17, f"acc.passkey.halves@{B14}"),
              "hw": _versus14("passkey", f"halves@{B14}", f"minmax@{B14}", "halves_vs_minmax", f"`minmax@{B14}`", N17),
-             "rp": _router_vs_press("passkey", N17), "q4": _quant_vs_routers("hqq4", N17)}))
+             "rp": _router_vs_press("passkey", N17), "q4": _quant_vs_routers("hqq4", N17),
+             "bq": _best_pair("passkey", "quantiser", N17)}))
 
 def _kl_word(pair: str, label: str, n: str, task: str = "passkey"):
     """Whether the pair's first method departs less or more from its dense than `label` on the answer tokens, in
@@ -661,6 +663,19 @@ def _turn_word(method: str, n: str = N18, task: str = "passkey"):
     return f
 
 
+def _vs_dense(task: str, method: str, n: str):
+    """`method` against its own engine's dense on `task` of notebook `n`, paired (`paired.against_dense`), in words:
+    the direction when exact McNemar's p < 0.05, with the discordant counts."""
+    def f(m: Metrics) -> str:
+        k = f"vs_dense.{task}.{method}"
+        a, b, p = m[n][k + ".a_only"], m[n][k + ".b_only"], m[n][k + ".p"]
+        if p < 0.05:
+            return (f"significantly {'more' if a > b else 'fewer'} than its dense ({a:.0f} answered only by it, "
+                    f"{b:.0f} only by dense, p = {p:.2g})")
+        return f"not significantly different from its dense (p = {p:.2g})"
+    return f
+
+
 _O = "acc_by_order.passkey 2-turn.{}.{}"
 FINDINGS.append(
     Finding("**Two-turn dialogues, counterbalanced (notebook 18, Gemma 3 270M at {L:,.0f} tokens).** {nd:.0f} "
@@ -669,7 +684,8 @@ FINDINGS.append(
             "same method. Dense answers {td}; `halves@" + str(B14) + "` {th}; `minmax@" + str(B14) + "` {tm}; "
             "SnapKV {ts}; HQQ 4-bit {tq}. By order, dense answers {de:.0%} of the earlier-first dialogues and {dl:.0%} "
             "of the later-first ones, `halves@" + str(B14) + "` {he:.0%} and {hl:.0%}. On the second turns, `minmax` "
-            "{w1}. The dialogue cells are {size}.",
+            "{w1}. The dialogue cells are {size}. On the {ns:.0f} questions asked alone, dense answers {sd:.0%} and "
+            "HQQ 4-bit {sq:.0%}, {sqw}; the best router against the best quantised cache: {bq}.",
             {"L": (N18, "document_tokens"), "nd": (N18, "questions.passkey 2-turn"),
              "ne": (N18, "questions_by_order.passkey 2-turn.earlier_first"),
              "nl": (N18, "questions_by_order.passkey 2-turn.later_first"),
@@ -682,7 +698,9 @@ FINDINGS.append(
                              f"SnapKV@{B14}", N18),
              "size": lambda m: "a pilot by the project's rule (fewer than 30 per order)" if min(
                  m[N18]["questions_by_order.passkey 2-turn.earlier_first"],
-                 m[N18]["questions_by_order.passkey 2-turn.later_first"]) < 30 else "at least 30 per order"}))
+                 m[N18]["questions_by_order.passkey 2-turn.later_first"]) < 30 else "at least 30 per order",
+             "ns": (N18, "questions.passkey"), "sd": (N18, "acc.passkey.dense"), "sq": (N18, "acc.passkey.hqq4"),
+             "sqw": _vs_dense("passkey", "hqq4", N18), "bq": _best_pair("passkey", "quantiser", N18)}))
 
 N19 = "19_question_rule"                       # notebook 19: each router under both question rules, Gemma 3 at 2k
 
