@@ -746,10 +746,16 @@ FINDINGS.append(
             "rule reads only its chosen blocks for each question token too. Each router answered every question under "
             "both rules on the same prefill: `halves@" + str(B14) + "` {h}; `minmax@" + str(B14) + "` {mm}; "
             "`oracle@" + str(B14) + "` {o}. Dense answers {d:.0%}. Every headline in notebooks 14-19 uses the dense "
-            "rule; {fav}.",
+            "rule; {fav}. Paired with dense under the dense rule, `halves@" + str(B14) + "` answers {ha:.0%}, "
+            "{hv}; with its question routed, {hra:.0%}, {hrv}. The best router against the best press: {bp}; "
+            "against the best quantised cache: {bq}.",
             {"L": (N19, "document_tokens"), "n": (N19, "questions.passkey"), "d": (N19, "acc.passkey.dense"),
              "h": _rule_word("halves"), "mm": _rule_word("minmax"), "o": _rule_word("oracle"),
-             "fav": _rule_verdict(("halves", "minmax", "oracle"))}))
+             "fav": _rule_verdict(("halves", "minmax", "oracle")),
+             "ha": (N19, f"acc.passkey.halves@{B14}"), "hv": _vs_dense("passkey", f"halves@{B14}", N19),
+             "hra": (N19, f"acc.passkey.halves@{B14}, routed question"),
+             "hrv": _vs_dense("passkey", f"halves@{B14}, routed question", N19),
+             "bp": _best_pair("passkey", "press", N19), "bq": _best_pair("passkey", "quantiser", N19)}))
 
 N20 = "20_paired_questions_gemma_16k"           # notebook 20: the study at 16k, its peers on 3 documents
 FINDINGS.append(
