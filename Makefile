@@ -41,8 +41,11 @@ notebooks: setup model
 smoke: setup model
 	$(PY) -m sparsekv notebooks smoke
 
+# One pytest worker per core (pytest-xdist), each test module whole on one worker and the notebook runs spread one by
+# one (tests/conftest.py); TEST_ARGS passes options, e.g. `make test TEST_ARGS="-n 0"` for one process.
+TEST_ARGS ?= -n auto --dist loadgroup
 test: setup model
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TEST_ARGS)
 
 # The peer of benchmarks/bench_vs_llamacpp.py, never part of `make test`: llama-cpp-python built from its PyPI source
 # (about 4 minutes on 2 cores; CMake and a C++ compiler needed), at the version the committed results measured.

@@ -13,6 +13,12 @@ REPO = Path(__file__).resolve().parents[1]      # the repository root the suite 
 # than a stall at every parallel op (sparsekv.suite.threads). Notebooks get their own choice from the runner.
 from sparsekv.suite import threads as _threads  # noqa: E402
 
+# Under pytest-xdist (`make test` runs one worker per core) the cores are split between the workers up front, and the
+# notebook kernels a worker starts inherit its share: two workers that each took the idle cores when they started
+# would oversubscribe every core (sparsekv.suite.threads: a stall at every parallel op).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
 torch.set_num_threads(_threads.choose())
 
 # Triton's interpreter is chosen when functions are decorated: triton.language's own helpers at
@@ -75,6 +81,15 @@ def assert_same(a, b):
             assert torch.equal(x, y)
         else:
             assert x == y
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's loadgroup schedule each test module runs whole on one worker, so a module-scoped fixture
+    (a loaded model, a prefilled engine, a Ray session) is built once; the notebook runs in test_notebooks.py, most
+    of the suite's time, are spread one by one. Without xdist the marks do nothing."""
+    for item in items:
+        if item.path.name != "test_notebooks.py":
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @pytest.fixture
