@@ -41,7 +41,12 @@ def has_timing_checks(stem: str) -> bool:
 
 @pytest.fixture
 def cpu_hog(monkeypatch):
-    """One busy-looping process per core for the test's duration (each also stops itself after 15 min).
+    """Busy-looping processes for the test's duration (each also stops itself after 15 min), so that every core has a
+    busy process besides the notebook's kernel. Returns that count: the hogs plus the other pytest-xdist workers.
+
+    In one process that is one hog per core. Under pytest-xdist (`make test` runs one worker per core) the other
+    workers already keep their cores busy, so the hogs fill this worker's share only: one hog per core on a 2-core
+    machine ran 4 busy processes on 2 cores and slowed the other worker's tests as much as this one.
 
     The notebook's kernel then runs torch with one intra-op thread (OMP_NUM_THREADS=1, inherited by the
     kernel): with two threads on two busy cores, every parallel region waits for a descheduled thread and a
@@ -49,8 +54,10 @@ def cpu_hog(monkeypatch):
     (by 2-4x here) and nothing that `make test` gates depends on them.
     """
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    procs = [subprocess.Popen([sys.executable, "-c", HOG.format(limit=900)]) for _ in range(os.cpu_count() or 2)]
-    yield len(procs)
+    others = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) - 1
+    hogs = max(1, (os.cpu_count() or 2) - others)
+    procs = [subprocess.Popen([sys.executable, "-c", HOG.format(limit=900)]) for _ in range(hogs)]
+    yield hogs + others
     for p in procs:
         p.kill()
         p.wait()
@@ -97,7 +104,7 @@ def reproducible_env() -> dict[str, str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_smoke(path, tmp_path, request):
     if has_timing_checks(path.stem):
-        assert request.getfixturevalue("cpu_hog") >= 2
+        assert request.getfixturevalue("cpu_hog") >= (os.cpu_count() or 2)
     figures_before = {p: p.stat().st_mtime for p in (REPO / "figures").glob("*")}
     params = nbrun.smoke_parameters(path.stem, REPO)
     env = reproducible_env() if path.stem in DETERMINISTIC else None

@@ -248,6 +248,48 @@ def test_a_hybrid_model_s_press_compresses_its_global_layers_only(tiny_gemma_hf,
     assert held == qs.method_bytes(m, n, **geom)["held_bytes"]
 
 
+@pytest.mark.parametrize("model", ["tiny_gemma_hf", "tiny_llama_hf"])
+def test_tokens_fed_after_any_peer_cache_see_only_earlier_tokens(model, request):
+    """peers.feed is causal over every family's cache: changing the last token fed leaves the logits of the tokens
+    before it unchanged, and over a press's cache they equal one decode step per token. The reason it is needed: on a
+    hybrid model, transformers' one forward pass over a press's cache (global layers compressed, sliding layers
+    counting every token) lets each token see the later ones, which a teacher-forced loss or answer would read."""
+    import copy
+
+    import torch
+    hf, n = request.getfixturevalue(model), 96
+    ids = torch.randint(0, 101, (n,), generator=torch.Generator().manual_seed(3)).tolist()
+    rest = torch.randint(0, 101, (6,), generator=torch.Generator().manual_seed(4)).tolist()
+    other = rest[:-1] + [(rest[-1] + 1) % 101]
+    methods = [peers.PeerMethod("hf dense", "dense"), peers.PeerMethod("SnapKV", "evict", "SnapKVPress", 0.5),
+               peers.PeerMethod("hqq4", "quant", bits=4, group=32, residual=8)]
+    caches = peers.prefill_caches(hf, ids, methods)
+    hybrid = peers.global_layers(hf.config) is not None
+    assert {k: peers.one_pass_is_causal(c) for k, c in caches.items()} == \
+        {"hf dense": True, "SnapKV": not hybrid, "hqq4": True}
+    for name, cache in caches.items():
+        a = peers.feed(hf, copy.deepcopy(cache), rest, n)
+        b = peers.feed(hf, copy.deepcopy(cache), other, n)
+        assert a.shape == (len(rest), 101)
+        assert torch.equal(a[:-1], b[:-1]), name
+        steps, c = [], copy.deepcopy(cache)
+        with torch.no_grad():
+            for i, t in enumerate(rest):
+                steps.append(hf(input_ids=torch.tensor([[t]]), past_key_values=c, position_ids=torch.tensor([[n + i]]),
+                                use_cache=True).logits[0])
+        assert torch.allclose(a, torch.cat(steps), atol=1e-4, rtol=0), name
+    if hybrid:                                      # the one forward pass transformers would make leaks
+        pos = torch.arange(n, n + len(rest))[None]
+        with torch.no_grad():
+            la = hf(input_ids=torch.tensor([rest]), past_key_values=copy.deepcopy(caches["SnapKV"]), position_ids=pos,
+                    use_cache=True).logits[0]
+            lb = hf(input_ids=torch.tensor([other]), past_key_values=copy.deepcopy(caches["SnapKV"]), position_ids=pos,
+                    use_cache=True).logits[0]
+        assert not torch.equal(la[:-1], lb[:-1])
+    with pytest.raises(ValueError, match="ids"):
+        peers.feed(hf, copy.deepcopy(caches["hf dense"]), [], n)
+
+
 @pytest.fixture(scope="module")
 def tiny_llama_hf():
     """transformers' LlamaForCausalLM with random weights: 3 layers, GQA 2, every layer global (kvpress hooks all)."""

@@ -146,6 +146,38 @@ def compressing(hf, method: PeerMethod):
             h.remove()
 
 
+def one_pass_is_causal(cache) -> bool:
+    """Whether tokens fed in one forward pass over `cache` stay causal. transformers builds every layer's attention
+    mask from one `cache_position`, counted from `cache.get_seq_length()` (its first layer's tokens seen). A full-
+    attention layer holding fewer tokens than that count gets a mask that lets each new token see the new tokens
+    after it: a hybrid model's global layer that a press compressed, while its sliding layers count every token
+    (Gemma 3: layer 0 slides). Sliding layers and HQQ's quantised layers keep the count and are not checked."""
+    n = cache.get_seq_length()
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if getattr(layer, "is_sliding", False) or hasattr(layer, "_quantized_keys") or not isinstance(
+                keys, torch.Tensor) or keys.numel() == 0:
+            continue
+        if keys.shape[-2] != n:
+            return False
+    return True
+
+
+@torch.no_grad()
+def feed(hf, cache, ids: list[int], start: int) -> torch.Tensor:
+    """The logits [len(ids), vocab] of `ids` fed after `cache` at positions start, start + 1, ... (kvpress continues a
+    compressed cache's positions from the uncompressed length), each token seeing only the cache and the tokens before
+    it: one forward pass when `one_pass_is_causal(cache)`, else one token per forward, each a decode step. `cache` is
+    updated in place."""
+    if not ids:
+        raise ValueError("ids must hold at least one token, got none")
+    if one_pass_is_causal(cache):
+        pos = torch.arange(start, start + len(ids))[None]
+        return hf(input_ids=torch.tensor([list(ids)]), past_key_values=cache, position_ids=pos, use_cache=True).logits[0]
+    return torch.cat([hf(input_ids=torch.tensor([[t]]), past_key_values=cache, position_ids=torch.tensor([[start + i]]),
+                         use_cache=True).logits[0] for i, t in enumerate(ids)])
+
+
 @torch.no_grad()
 def prefill_caches(hf, ids: list[int], methods: list[PeerMethod]) -> dict:
     """Every method's cache after prefilling `ids`, from one dense forward pass: name -> cache, the same tensors that
@@ -247,9 +279,7 @@ def run(hf, probe: TwoFacts, method: PeerMethod) -> PeerRun:
     parts = [hf.lm_head(hidden[0, pre.shape[1] - head:pre.shape[1]])] if head else []
     rest = probe.after[head:k]
     if rest:
-        pos = torch.arange(pre.shape[1], pre.shape[1] + len(rest))[None]
-        out = hf(input_ids=torch.tensor([rest]), past_key_values=cache, position_ids=pos, use_cache=True)
-        parts.append(out.logits[0])
+        parts.append(feed(hf, cache, rest, pre.shape[1]))
     logits = torch.cat(parts).float()
     nbytes, tokens = held_bytes(cache)
     return PeerRun(logits, nbytes, tokens, time.perf_counter() - t0)

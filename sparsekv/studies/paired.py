@@ -183,13 +183,7 @@ class Study:
 
     def family(self, name: str) -> str:
         """The plotting family of a method: dense, a router's scorer, a press's name, or HQQ<bits>."""
-        for m in self.lossless:
-            if m.name == name:
-                return ("int8 " if m.kv_bits else "") + ("dense" if m.router is None else m.router.config.scorer)
-        m = next(m for m in self.lossy if m.name == name)
-        if m.family == "dense":
-            return "dense"
-        return m.name.split("@")[0] if m.family == "evict" else f"HQQ{m.bits}"
+        return qs.family(name, self.lossless, self.lossy)
 
     def best_of(self, task: str, kind: str) -> str | None:
         """The most accurate method of one kind on `task`, on the questions every method answered (`acc_shared`), or
@@ -212,26 +206,36 @@ class Study:
         return max((m for m in self.methods if self.family(m) not in skip), key=lambda m: acc[(task, m)]["accuracy"])
 
 
+def load(model_path: str, prefill: str, block_size: int, length: int, scorers, int8: bool = False):
+    """Both engines of a study on one GGUF file: (tok, hf, engines, windows). engines: {0: sparsekv's Engine over exact
+    blocks, and 8: over int8 blocks when `int8`}, each with room for `length` tokens and the summaries `scorers` read,
+    on the model `load_model` gives with `PREFILLS[prefill]`; hf: transformers' float32 model of the file's converted
+    folder; windows: the model's per-layer windows, None when no layer slides."""
+    import sparsekv as sk
+
+    from ..model.checkpoint import converted_folder
+
+    model = sk.load_model(model_path, **PREFILLS[prefill])
+    tok = sk.load_tokenizer(model_path)
+    hf = peers.hf_model(converted_folder(Path(model_path)))
+    windows = tuple(model.config.windows) if any(model.config.windows) else None
+    store = dict(block_size=block_size, num_blocks=2 * (length // block_size + 16), progress=False,
+                 summaries=summaries_for(tuple(scorers)))
+    engines = {0: sk.Engine(model, **store)}
+    if int8:
+        engines[8] = sk.Engine(model, kv_bits=8, **store)
+    return tok, hf, engines, windows
+
+
 def run(cfg: StudyConfig, progress: bool = True) -> Study:
     """Load the model (sparsekv's store and transformers' float32 model of the same file), make and check every
     document, have every method answer every question, then count bytes and run the pre-stated paired tests."""
     from tqdm.auto import tqdm
 
-    import sparsekv as sk
-
     from ..model import fetch
-    from ..model.checkpoint import converted_folder
 
-    model = sk.load_model(cfg.model_path, **PREFILLS[cfg.prefill])
-    tok = sk.load_tokenizer(cfg.model_path)
-    hf = peers.hf_model(converted_folder(Path(cfg.model_path)))
-    c = model.config
-    windows = tuple(c.windows) if any(c.windows) else None
-    store = dict(block_size=cfg.block_size, num_blocks=2 * (cfg.length // cfg.block_size + 16), progress=False,
-                 summaries=summaries_for(cfg.scorers + cfg.int8_scorers))
-    engines = {0: sk.Engine(model, **store)}
-    if cfg.int8_scorers:
-        engines[8] = sk.Engine(model, kv_bits=8, **store)
+    tok, hf, engines, windows = load(cfg.model_path, cfg.prefill, cfg.block_size, cfg.length,
+                                     cfg.scorers + cfg.int8_scorers, bool(cfg.int8_scorers))
     engine = engines[0]
     st = Study(cfg, fetch.title(cfg.model_path), windows,
                qs.lossless_methods(cfg.scorers, [cfg.budget], int8_scorers=cfg.int8_scorers,
@@ -377,4 +381,4 @@ def metrics(st: Study) -> tuple[dict, dict, list]:
     return m, kinds, headline
 
 
-__all__ = ["StudyConfig", "Study", "run", "against_dense", "metrics"]
+__all__ = ["StudyConfig", "Study", "load", "run", "against_dense", "metrics"]

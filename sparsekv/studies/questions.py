@@ -160,8 +160,9 @@ def lossless_answers(engine, doc: tasks.Document, methods: list[Lossless], rule:
 def peer_answers(hf, doc: tasks.Document, methods: list[peers.PeerMethod], progress=None,
                  shared: bool = True) -> tuple[list[dict], dict]:
     """Each method's cache holds `doc.ids` after a prefill with its press or quantised cache; every question then runs
-    on a deep copy of that cache: the question and the answer's first len(answer) - 1 tokens in one forward pass, at
-    the positions after the document (as kvpress continues them), scored teacher-forced, with the answer steps'
+    on a deep copy of that cache: the question and the answer's first len(answer) - 1 tokens fed causally at the
+    positions after the document (`peers.feed`: one forward pass, or one token per pass over a hybrid model's press
+    cache, whose one pass would let each token see the later ones), scored teacher-forced, with the answer steps'
     top-1 agreement and KL against transformers dense's (the method of family "dense", when among `methods`).
     Returns (rows, held) where held[name] is the bytes the compressed cache holds after the prefill
     (`peers.held_bytes`).
@@ -184,10 +185,8 @@ def peer_answers(hf, doc: tasks.Document, methods: list[peers.PeerMethod], progr
     for i, q in enumerate(doc.questions):
         mine, logprobs = [], {}
         feed = q.ids + q.answer[:-1]
-        pos = torch.arange(n, n + len(feed))[None]
         for m in methods:
-            logits = hf(input_ids=torch.tensor([feed]), past_key_values=copy.deepcopy(caches[m.name]), position_ids=pos,
-                        use_cache=True).logits[0, len(q.ids) - 1:]                   # [len(answer), vocab]
+            logits = peers.feed(hf, copy.deepcopy(caches[m.name]), feed, n)[len(q.ids) - 1:]   # [len(answer), vocab]
             pred = logits.argmax(-1).tolist()
             wrong = next((j for j, (p, t) in enumerate(zip(pred, q.answer)) if p != t), None)
             mine.append(_row(doc, i, m.name, m.family, wrong is None, len(q.answer) if wrong is None else wrong + 1))
@@ -197,6 +196,20 @@ def peer_answers(hf, doc: tasks.Document, methods: list[peers.PeerMethod], progr
         _agree(mine, logprobs, reference)
         rows += mine
     return rows, held
+
+
+def family(name: str, lossless: list[Lossless], lossy: list[peers.PeerMethod]) -> str:
+    """The plotting family of method `name` among a study's methods (`viz.method_style`): dense, a router's scorer
+    ("int8 " before it over int8 blocks), a press's name, or HQQ<bits>."""
+    for m in lossless:
+        if m.name == name:
+            return ("int8 " if m.kv_bits else "") + ("dense" if m.router is None else m.router.config.scorer)
+    m = next((m for m in lossy if m.name == name), None)
+    if m is None:
+        raise ValueError(f"name must be one of the study's methods, got {name!r}")
+    if m.family == "dense":
+        return "dense"
+    return m.name.split("@")[0] if m.family == "evict" else f"HQQ{m.bits}"
 
 
 # -- bytes ------------------------------------------------------------------------------------------
@@ -347,5 +360,5 @@ def paired(rows: list[dict], a: str, b: str, task: str | None = None, length: in
     return {**stats.mcnemar(x, y), "acc_a": sum(x) / len(x), "acc_b": sum(y) / len(y)}
 
 
-__all__ = ["RULES", "Lossless", "lossless_methods", "peer_methods", "lossless_answers", "peer_answers",
+__all__ = ["RULES", "Lossless", "lossless_methods", "peer_methods", "lossless_answers", "peer_answers", "family",
            "method_bytes", "cells", "agreement_cells", "turn_effect", "paired", "paired_kl"]

@@ -1,0 +1,159 @@
+"""The tail-loss study's figures and checks (`studies.tail_loss` runs it): what notebook 22 draws and asserts.
+
+    delta_figure    every method's excess loss over its own engine's dense, per kind of text, with paired 95% CIs
+    bytes_figure    the excess loss against K/V bytes read per decode step and held, over bf16 dense
+    table           one row per (kind, method): mean loss, excess over dense with its interval, documents worse
+    checks          the invariants, gated findings and hypotheses stated before the run
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..studies.tail_loss import TailStudy, paired_delta
+from .report import Checks
+
+SYMLOG = 0.05          # nats: the y axis is linear within +-SYMLOG, logarithmic beyond (HQQ 2-bit is +3 nats)
+
+
+def _finish(fig, title: str, path):
+    fig.suptitle(title, fontsize=10, wrap=True)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def _excess_axis(ax):
+    from matplotlib.ticker import FixedLocator, FuncFormatter
+    ax.set_yscale("symlog", linthresh=SYMLOG)
+    ticks = [-3, -1, -0.2, -0.05, 0, 0.05, 0.2, 1, 3]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:+g}" if v else "0"))
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _errorbar(ax, x, s, style, **kw):
+    ax.errorbar([x], [s["delta"]], yerr=[[s["delta"] - s["lo"]], [s["hi"] - s["delta"]]], fmt=style["marker"],
+                color=style["color"], **kw)
+
+
+def delta_figure(st: TailStudy, path: str | Path | None = None):
+    """One panel per kind of text: every method's mean excess loss per token over its own engine's dense (nats), with
+    its paired per-token bootstrap 95% interval; sparsekv's methods left of the rule, transformers' right."""
+    import matplotlib.pyplot as plt
+
+    from . import viz
+    cfg, methods = st.config, [m for m in st.methods if m not in ("dense", "hf dense")]
+    fig, axes = plt.subplots(1, len(cfg.kinds), figsize=(max(7.0, 5.2 * len(cfg.kinds)), 4.8), sharey=True,
+                             squeeze=False)
+    split = sum(m not in ("dense", "hf dense") for m in (x.name for x in st.lossless)) - 0.5
+    for ax, kind in zip(axes[0], cfg.kinds):
+        for x, m in enumerate(methods):
+            style = viz.method_style(st.family(m))
+            _errorbar(ax, x, st.summary[(kind, m)], style, capsize=3, ms=7)
+        ax.axvline(split, color="0.7", lw=0.8)
+        ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", fontsize=8)
+        n = st.summary[(kind, "dense")]["n"]
+        ax.set_title(f"{kind}: {n} tokens ({cfg.docs} document{'s' * (cfg.docs != 1)} x {cfg.tail})", fontsize=10)
+        _excess_axis(ax)
+    axes[0][0].set_ylabel("loss - own dense's (nats / token, 95% CI)")
+    words = "; ".join(f"{k} {st.best[(k, 'router vs press')]['a']} {_vs(st.best[(k, 'router vs press')])} "
+                      f"{st.best[(k, 'router vs press')]['b']}" for k in cfg.kinds if (k, "router vs press") in st.best)
+    return _finish(fig, f"{st.model_name}, last {cfg.tail} of {cfg.length} tokens, budget {cfg.budget}: {words}", path)
+
+
+def _vs(b: dict) -> str:
+    """Words for a paired difference a - b of losses: which departs less, or that the interval holds 0."""
+    if b["hi"] < 0:
+        return "is below"
+    if b["lo"] > 0:
+        return "is above"
+    return "does not differ from"
+
+
+def bytes_figure(st: TailStudy, path: str | Path | None = None):
+    """One row per kind of text: the excess loss over dense against K/V bytes read per decode step (left) and held
+    (right), both over a bf16 dense cache (log). Methods at one x (the presses) are spread by 4% each."""
+    import matplotlib.pyplot as plt
+
+    from . import viz
+    from .paired_report import _Spread
+    cfg, methods = st.config, [m for m in st.methods if m not in ("dense", "hf dense")]
+    fig, axes = plt.subplots(len(cfg.kinds), 2, figsize=(11.5, 3.6 * len(cfg.kinds)), sharey=True, squeeze=False)
+    for row, kind in zip(axes, cfg.kinds):
+        for ax, what in zip(row, ("read", "held")):
+            spread = _Spread()
+            for m in methods:
+                style = viz.method_style(st.family(m))
+                _errorbar(ax, spread(st.nbytes[m][what]), st.summary[(kind, m)], style, capsize=2, ms=7, label=m)
+            ax.set_xscale("log")
+            viz.log_axis_plain(ax)
+            _excess_axis(ax)
+            ax.set_title(f"{kind}", fontsize=9)
+            ax.set(xlabel=f"K/V bytes {'read per decode step' if what == 'read' else 'held'} / bf16 dense (log)")
+        row[0].set_ylabel("loss - own dense's (nats / token)")
+    viz.legend_outside(axes[0][1], ncol=1)
+    r = st.nbytes[f"{cfg.scorers[0]}@{cfg.budget}"]
+    return _finish(fig, f"{st.model_name} at {cfg.length} tokens: {cfg.scorers[0]}@{cfg.budget} reads {r['read']:.2f} "
+                   f"of bf16 dense per step and holds {r['held']:.2f}; presses hold what they read", path)
+
+
+def table(st: TailStudy) -> list[dict]:
+    """Rows for `core.tables.format_table`: kind, method, mean loss, excess over its own dense with its interval,
+    documents whose mean loss is above dense's, bytes read and held over bf16 dense."""
+    out = []
+    for (kind, m), s in st.summary.items():
+        out.append({"kind": kind, "method": m, "nll": f"{s['nll']:.4f}", "- dense": f"{s['delta']:+.4f}",
+                    "95% CI": f"[{s['lo']:+.4f}, {s['hi']:+.4f}]", "docs worse": f"{s['docs_worse']}/{s['docs']}",
+                    "read": f"{st.nbytes[m]['read']:.3f}", "held": f"{st.nbytes[m]['held']:.3f}"})
+    return out
+
+
+def checks(st: TailStudy, tag: str, checks_: Checks | None = None, min_docs: int = 4) -> Checks:
+    """The run's checks under `tag` (a model and length), per kind of text. Invariants: `min_docs` documents per kind
+    (issue 29 asks for 4); sparsekv's and transformers' dense losses agree within 0.02 nats per token (the engines, not
+    a method, differ there); the byte model gives the bytes transformers' caches held within 1% (HQQ: 15%, its
+    packing). Gated finding: HQQ 2-bit departs more from dense than HQQ 8-bit (paired lower bound above 0).
+    Hypotheses (stated before the first full run; verdicts recorded, never failing the run): 1. the oracle departs
+    less from dense than `minmax` at the budget; 2. the best router departs less than the best press; 3. HQQ 8-bit
+    departs less than the best router; 4. routing `halves` over int8 blocks costs at most 0.02 nats per token over
+    exact blocks. Each is read on the paired per-token bootstrap interval of a difference of losses."""
+    c = checks_ if checks_ is not None else Checks()
+    cfg, b = st.config, st.config.budget
+    c.invariant(f"{tag}: documents per kind, at least {min_docs}", cfg.docs, ">=", min_docs)
+    for kind in cfg.kinds:
+        a = st.agree[kind]
+        c.invariant(f"{tag} {kind}: sparsekv dense and transformers dense within 0.02 nats per token (interval's "
+                    f"largest end)", max(abs(a["lo"]), abs(a["hi"])), "<=", 0.02)
+    for name, v in st.model_vs_held.items():
+        tol = 0.15 if name.startswith("hqq") else 0.01
+        c.invariant(f"{tag}: {name}'s byte model within {tol:.0%} of the bytes held (measured / modelled - 1)",
+                    abs(v - 1), "<=", tol)
+    has = lambda kind, *ms: all((kind, m) in st.summary for m in ms)
+    for kind in cfg.kinds:
+        if has(kind, "hqq2", "hqq8"):
+            d = paired_delta(st.rows, kind, "hqq2", "hqq8")
+            c.finding(f"{tag} {kind}: HQQ 2-bit departs more from dense than HQQ 8-bit (lower bound of hqq2 - hqq8, "
+                      f"nats/token)", d["lo"], ">", 0)
+        if has(kind, f"oracle@{b}", f"minmax@{b}"):
+            d = paired_delta(st.rows, kind, f"oracle@{b}", f"minmax@{b}")
+            c.hypothesis(f"1. {tag} {kind}: oracle@{b} departs less from dense than minmax@{b} (upper bound of oracle "
+                         f"- minmax)", d["hi"], "<", 0)
+        if (kind, "router vs press") in st.best:
+            r = st.best[(kind, "router vs press")]
+            c.hypothesis(f"2. {tag} {kind}: the best router departs less from dense than the best press (upper bound of "
+                         f"{r['a']} - {r['b']})", r["hi"], "<", 0)
+        router = st.best_of(kind, "router")
+        if router is not None and has(kind, "hqq8"):
+            d = paired_delta(st.rows, kind, router, "hqq8")
+            c.hypothesis(f"3. {tag} {kind}: HQQ 8-bit departs less from dense than the best router (lower bound of "
+                         f"{router} - hqq8)", d["lo"], ">", 0)
+        if has(kind, f"int8 halves@{b}", f"halves@{b}"):
+            d = paired_delta(st.rows, kind, f"int8 halves@{b}", f"halves@{b}")
+            c.hypothesis(f"4. {tag} {kind}: int8 blocks cost halves@{b} at most 0.02 nats per token (upper bound of "
+                         f"int8 - exact)", d["hi"], "<=", 0.02)
+    return c
+
+
+__all__ = ["delta_figure", "bytes_figure", "table", "checks"]
