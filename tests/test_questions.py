@@ -250,8 +250,9 @@ def test_a_hybrid_model_s_press_compresses_its_global_layers_only(tiny_gemma_hf,
 
 @pytest.mark.parametrize("model", ["tiny_gemma_hf", "tiny_llama_hf"])
 def test_tokens_fed_after_any_peer_cache_see_only_earlier_tokens(model, request):
-    """peers.feed is causal over every family's cache: changing the last token fed leaves the logits of the tokens
-    before it unchanged, and over a press's cache they equal one decode step per token. The reason it is needed: on a
+    """peers.feed is causal over every family's cache, in one forward pass: changing the last token fed leaves the
+    logits of the tokens before it unchanged, and they equal one decode step per token (21 tokens, past a sliding
+    window of 16). The reason it is needed: on a
     hybrid model, transformers' one forward pass over a press's cache (global layers compressed, sliding layers
     counting every token) lets each token see the later ones, which a teacher-forced loss or answer would read."""
     import copy
@@ -259,7 +260,7 @@ def test_tokens_fed_after_any_peer_cache_see_only_earlier_tokens(model, request)
     import torch
     hf, n = request.getfixturevalue(model), 96
     ids = torch.randint(0, 101, (n,), generator=torch.Generator().manual_seed(3)).tolist()
-    rest = torch.randint(0, 101, (6,), generator=torch.Generator().manual_seed(4)).tolist()
+    rest = torch.randint(0, 101, (21,), generator=torch.Generator().manual_seed(4)).tolist()   # longer than a window
     other = rest[:-1] + [(rest[-1] + 1) % 101]
     methods = [peers.PeerMethod("hf dense", "dense"), peers.PeerMethod("SnapKV", "evict", "SnapKVPress", 0.5),
                peers.PeerMethod("hqq4", "quant", bits=4, group=32, residual=8)]
@@ -267,8 +268,12 @@ def test_tokens_fed_after_any_peer_cache_see_only_earlier_tokens(model, request)
     hybrid = peers.global_layers(hf.config) is not None
     assert {k: peers.one_pass_is_causal(c) for k, c in caches.items()} == \
         {"hf dense": True, "SnapKV": not hybrid, "hqq4": True}
+    passes = []
+    hook = hf.model.register_forward_pre_hook(lambda *_: passes.append(1))
     for name, cache in caches.items():
+        passes.clear()
         a = peers.feed(hf, copy.deepcopy(cache), rest, n)
+        assert len(passes) == 1, name                     # one forward pass for every family, masked on the hybrid
         b = peers.feed(hf, copy.deepcopy(cache), other, n)
         assert a.shape == (len(rest), 101)
         assert torch.equal(a[:-1], b[:-1]), name
@@ -277,7 +282,11 @@ def test_tokens_fed_after_any_peer_cache_see_only_earlier_tokens(model, request)
             for i, t in enumerate(rest):
                 steps.append(hf(input_ids=torch.tensor([[t]]), past_key_values=c, position_ids=torch.tensor([[n + i]]),
                                 use_cache=True).logits[0])
-        assert torch.allclose(a, torch.cat(steps), atol=1e-4, rtol=0), name
+        # HQQ re-quantises its residual every `residual` decode steps, which one pass never does: past that, the
+        # question rule (one pass) and decode differ by design, not by a leak
+        k = len(rest) if name != "hqq4" else 8
+        assert torch.allclose(a[:k], torch.cat(steps)[:k], atol=1e-4, rtol=0), name
+    hook.remove()
     if hybrid:                                      # the one forward pass transformers would make leaks
         pos = torch.arange(n, n + len(rest))[None]
         with torch.no_grad():

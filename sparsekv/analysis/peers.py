@@ -163,17 +163,44 @@ def one_pass_is_causal(cache) -> bool:
     return True
 
 
+def _layer_masks(hf, cache, n_new: int, pos: torch.Tensor, start_seen: int) -> dict | None:
+    """Per-layer-type attention masks that keep `n_new` tokens fed in one pass over `cache` causal, or None where the
+    model or cache does not allow it. For a hybrid model whose full-attention layers all hold one length `g` (a press
+    compressed them alike) while its sliding layers count `start_seen` tokens: the full-attention mask is built at
+    cache positions g, g + 1, ... over those layers' g + n_new keys, the sliding mask at the counted positions, each
+    by transformers' own mask builders. The model must take a mapping {layer type: mask} (Gemma 3's text model does,
+    as `generate` prepares it)."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+    types = getattr(hf.config, "layer_types", None)
+    if not types or set(types) != {"full_attention", "sliding_attention"} or len(types) != len(cache.layers):
+        return None
+    lengths = {layer.keys.shape[-2] for layer, t in zip(cache.layers, types) if t == "full_attention"}
+    if len(lengths) != 1:
+        return None
+    (g,), embeds = lengths, torch.empty((1, n_new, 1), dtype=hf.dtype)
+    kw = dict(config=hf.config, inputs_embeds=embeds, attention_mask=None, past_key_values=cache, position_ids=pos)
+    return {"full_attention": create_causal_mask(cache_position=torch.arange(g, g + n_new), **kw),
+            "sliding_attention": create_sliding_window_causal_mask(
+                cache_position=torch.arange(start_seen, start_seen + n_new), **kw)}
+
+
 @torch.no_grad()
 def feed(hf, cache, ids: list[int], start: int) -> torch.Tensor:
     """The logits [len(ids), vocab] of `ids` fed after `cache` at positions start, start + 1, ... (kvpress continues a
     compressed cache's positions from the uncompressed length), each token seeing only the cache and the tokens before
-    it: one forward pass when `one_pass_is_causal(cache)`, else one token per forward, each a decode step. `cache` is
-    updated in place."""
+    it, as one decode step per token would (tested). One forward pass when `one_pass_is_causal(cache)`; on a hybrid
+    model whose press compressed the global layers, one pass with per-layer-type masks (`_layer_masks`); else one
+    token per forward. `cache` is updated in place."""
     if not ids:
         raise ValueError("ids must hold at least one token, got none")
+    pos = torch.arange(start, start + len(ids))[None]
     if one_pass_is_causal(cache):
-        pos = torch.arange(start, start + len(ids))[None]
         return hf(input_ids=torch.tensor([list(ids)]), past_key_values=cache, position_ids=pos, use_cache=True).logits[0]
+    seen = cache.get_seq_length()
+    masks = _layer_masks(hf, cache, len(ids), pos, seen)
+    if masks is not None:
+        return hf(input_ids=torch.tensor([list(ids)]), past_key_values=cache, position_ids=pos, attention_mask=masks,
+                  cache_position=torch.arange(seen, seen + len(ids)), use_cache=True).logits[0]
     return torch.cat([hf(input_ids=torch.tensor([[t]]), past_key_values=cache, position_ids=torch.tensor([[start + i]]),
                          use_cache=True).logits[0] for i, t in enumerate(ids)])
 

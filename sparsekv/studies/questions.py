@@ -161,8 +161,8 @@ def peer_answers(hf, doc: tasks.Document, methods: list[peers.PeerMethod], progr
                  shared: bool = True) -> tuple[list[dict], dict]:
     """Each method's cache holds `doc.ids` after a prefill with its press or quantised cache; every question then runs
     on a deep copy of that cache: the question and the answer's first len(answer) - 1 tokens fed causally at the
-    positions after the document (`peers.feed`: one forward pass, or one token per pass over a hybrid model's press
-    cache, whose one pass would let each token see the later ones), scored teacher-forced, with the answer steps'
+    positions after the document (`peers.feed`: one forward pass; over a hybrid model's press cache, with per-layer-type
+    masks, without which the pass would let each token see the later ones), scored teacher-forced, with the answer steps'
     top-1 agreement and KL against transformers dense's (the method of family "dense", when among `methods`).
     Returns (rows, held) where held[name] is the bytes the compressed cache holds after the prefill
     (`peers.held_bytes`).
