@@ -297,6 +297,22 @@ def test_tokens_fed_after_any_peer_cache_see_only_earlier_tokens(model, request)
         assert not torch.equal(la[:-1], lb[:-1])
     with pytest.raises(ValueError, match="ids"):
         peers.feed(hf, copy.deepcopy(caches["hf dense"]), [], n)
+    if hybrid:                                      # global layers of unequal lengths: no one mask fits them all,
+        c = copy.deepcopy(caches["SnapKV"])         # so feed falls back to one decode step per token
+        glob = [i for i, t in enumerate(hf.config.layer_types) if t == "full_attention"]
+        layer = c.layers[glob[0]]
+        layer.keys, layer.values = layer.keys[..., 1:, :], layer.values[..., 1:, :]
+        steps, d = [], copy.deepcopy(c)
+        with torch.no_grad():
+            for i, t in enumerate(rest):
+                steps.append(hf(input_ids=torch.tensor([[t]]), past_key_values=d, position_ids=torch.tensor([[n + i]]),
+                                use_cache=True).logits[0])
+        hook = hf.model.register_forward_pre_hook(lambda *_: passes.append(1))
+        passes.clear()
+        a = peers.feed(hf, c, rest, n)
+        hook.remove()
+        assert len(passes) == len(rest)
+        assert torch.allclose(a, torch.cat(steps), atol=1e-4, rtol=0)
 
 
 @pytest.fixture(scope="module")
