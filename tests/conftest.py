@@ -95,3 +95,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def store():
     return make_store()
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_hf():
+    """transformers' LlamaForCausalLM with random weights: 3 layers, GQA 2, every layer global (kvpress hooks all).
+    Shared by the peer tests (test_questions, test_tail_loss)."""
+    import transformers
+    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    torch.manual_seed(1)
+    return transformers.LlamaForCausalLM(cfg).eval()

@@ -248,6 +248,25 @@ def test_a_hybrid_model_s_press_compresses_its_global_layers_only(tiny_gemma_hf,
     assert held == qs.method_bytes(m, n, **geom)["held_bytes"]
 
 
+def _decode_steps(hf, cache, ids: list[int], start: int):
+    """The logits of `ids` fed one decode step each after `cache` (mutated), at positions start, start + 1, ..."""
+    import torch
+    with torch.no_grad():
+        return torch.cat([hf(input_ids=torch.tensor([[t]]), past_key_values=cache,
+                             position_ids=torch.tensor([[start + i]]), use_cache=True).logits[0]
+                          for i, t in enumerate(ids)])
+
+
+def _passes(hf, fn):
+    """(fn(), the number of forward passes of hf's base model it made)."""
+    passes = []
+    hook = hf.model.register_forward_pre_hook(lambda *_: passes.append(1))
+    try:
+        return fn(), len(passes)
+    finally:
+        hook.remove()
+
+
 @pytest.mark.parametrize("model", ["tiny_gemma_hf", "tiny_llama_hf"])
 def test_tokens_fed_after_any_peer_cache_see_only_earlier_tokens(model, request):
     """peers.feed is causal over every family's cache, in one forward pass: changing the last token fed leaves the
@@ -268,25 +287,16 @@ def test_tokens_fed_after_any_peer_cache_see_only_earlier_tokens(model, request)
     hybrid = peers.global_layers(hf.config) is not None
     assert {k: peers.one_pass_is_causal(c) for k, c in caches.items()} == \
         {"hf dense": True, "SnapKV": not hybrid, "hqq4": True}
-    passes = []
-    hook = hf.model.register_forward_pre_hook(lambda *_: passes.append(1))
     for name, cache in caches.items():
-        passes.clear()
-        a = peers.feed(hf, copy.deepcopy(cache), rest, n)
-        assert len(passes) == 1, name                     # one forward pass for every family, masked on the hybrid
+        a, passes = _passes(hf, lambda: peers.feed(hf, copy.deepcopy(cache), rest, n))
+        assert passes == 1, name                          # one forward pass for every family, masked on the hybrid
         b = peers.feed(hf, copy.deepcopy(cache), other, n)
         assert a.shape == (len(rest), 101)
         assert torch.equal(a[:-1], b[:-1]), name
-        steps, c = [], copy.deepcopy(cache)
-        with torch.no_grad():
-            for i, t in enumerate(rest):
-                steps.append(hf(input_ids=torch.tensor([[t]]), past_key_values=c, position_ids=torch.tensor([[n + i]]),
-                                use_cache=True).logits[0])
         # HQQ re-quantises its residual every `residual` decode steps, which one pass never does: past that, the
         # question rule (one pass) and decode differ by design, not by a leak
         k = len(rest) if name != "hqq4" else 8
-        assert torch.allclose(a[:k], torch.cat(steps)[:k], atol=1e-4, rtol=0), name
-    hook.remove()
+        assert torch.allclose(a[:k], _decode_steps(hf, copy.deepcopy(cache), rest, n)[:k], atol=1e-4, rtol=0), name
     if hybrid:                                      # the one forward pass transformers would make leaks
         pos = torch.arange(n, n + len(rest))[None]
         with torch.no_grad():
@@ -302,28 +312,10 @@ def test_tokens_fed_after_any_peer_cache_see_only_earlier_tokens(model, request)
         glob = [i for i, t in enumerate(hf.config.layer_types) if t == "full_attention"]
         layer = c.layers[glob[0]]
         layer.keys, layer.values = layer.keys[..., 1:, :], layer.values[..., 1:, :]
-        steps, d = [], copy.deepcopy(c)
-        with torch.no_grad():
-            for i, t in enumerate(rest):
-                steps.append(hf(input_ids=torch.tensor([[t]]), past_key_values=d, position_ids=torch.tensor([[n + i]]),
-                                use_cache=True).logits[0])
-        hook = hf.model.register_forward_pre_hook(lambda *_: passes.append(1))
-        passes.clear()
-        a = peers.feed(hf, c, rest, n)
-        hook.remove()
-        assert len(passes) == len(rest)
-        assert torch.allclose(a, torch.cat(steps), atol=1e-4, rtol=0)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama_hf():
-    """transformers' LlamaForCausalLM with random weights: 3 layers, GQA 2, every layer global (kvpress hooks all)."""
-    import torch
-    import transformers
-    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
-    torch.manual_seed(1)
-    return transformers.LlamaForCausalLM(cfg).eval()
+        steps = _decode_steps(hf, copy.deepcopy(c), rest, n)
+        a, passes = _passes(hf, lambda: peers.feed(hf, c, rest, n))
+        assert passes == len(rest)
+        assert torch.allclose(a, steps, atol=1e-4, rtol=0)
 
 
 def _layer_tensors(cache) -> list:

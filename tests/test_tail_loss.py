@@ -83,15 +83,6 @@ def test_the_checks_read_the_intervals_they_name():
     assert {r["method"] for r in rows} == set(st.methods) and rows[0]["docs worse"] == "0/2"
 
 
-@pytest.fixture(scope="module")
-def tiny_llama_hf():
-    import transformers
-    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
-    torch.manual_seed(2)
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
 def test_peer_losses_are_the_next_token_losses_of_the_tail(tiny_llama_hf):
     """Dense's per-token losses are the cross-entropy of one forward pass over the whole document on its last tokens;
     a press that removes nothing gives dense's; a press that removes half does not."""
