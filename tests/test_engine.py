@@ -77,6 +77,48 @@ def test_feed_of_the_greedy_tokens_is_decode(model):
     assert [s.kv_bytes for s in eng.stats(a).steps] == [s.kv_bytes for s in eng.stats(b).steps]
 
 
+def _head_calls(model):
+    """A list that grows by one entry per call of `model`'s output head, and the hook's handle."""
+    calls = []
+    return calls, model.lm_head.register_forward_hook(lambda *_: calls.append(1))
+
+
+@pytest.mark.parametrize("preset,routed", [("tiny", True), ("tiny", False), ("recall", True)],
+                         ids=["attn-routed", "attn-dense", "conv-attn"])
+def test_feed_of_only_the_last_logits_skips_the_head_and_changes_nothing_else(preset, routed):
+    """feed(logits="last") on one fork and feed(logits="all") on another from the same state: the last row bit-equal,
+    the store's K/V and the steps' bytes equal, the same greedy tokens after; the output head ran once instead of
+    n times (what makes it cheaper). Covers batched all-attention steps and the conv mixer's per-sequence path."""
+    m = sk.Model(sk.ModelConfig.from_name(preset), seed=3)
+    eng = engine(m, router=sk.Router("minmax", token_budget=16) if routed else None)
+    seq = eng.new_sequence()
+    eng.prefill(seq, prompt(45, vocab=m.config.vocab_size))
+    ids = prompt(19, seed=5, vocab=m.config.vocab_size)
+    a, b = eng.fork(seq), eng.fork(seq)
+    every = eng.feed(a, ids)
+    calls, hook = _head_calls(m)
+    last = eng.feed(b, ids, logits="last")
+    hook.remove()
+    assert len(calls) == 1 and last.shape == (1, m.config.vocab_size)
+    assert torch.equal(last, every[-1:]) and torch.equal(eng.last_logits(a), eng.last_logits(b))
+    for layer in range(eng.store.config.num_layers):
+        ka, va = eng.store.gather(a, layer, 0)
+        kb, vb = eng.store.gather(b, layer, 0)
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+    assert [s.kv_bytes for s in eng.stats(a).steps] == [s.kv_bytes for s in eng.stats(b).steps]
+    assert eng.decode(a, 4) == eng.decode(b, 4)
+
+
+def test_feed_rejects_an_unknown_logits_choice_and_changes_nothing(model):
+    eng = engine(model)
+    seq = eng.new_sequence()
+    eng.prefill(seq, prompt(20))
+    before = (seq.num_tokens, eng.tokens(seq), eng.last_logits(seq).clone())
+    with pytest.raises(ValueError, match="logits must be 'all' or 'last', got 'first'"):
+        eng.feed(seq, prompt(3), logits="first")
+    assert (seq.num_tokens, eng.tokens(seq)) == before[:2] and torch.equal(eng.last_logits(seq), before[2])
+
+
 def test_a_fork_continues_from_the_parent_and_leaves_it_unchanged(model):
     eng = engine(model)
     seq = eng.new_sequence()

@@ -175,6 +175,28 @@ def test_routed_fused_decode_selects_as_the_general_path():
 
 
 @kernel_only
+def test_the_operator_skips_the_head_when_feed_wants_only_the_last_logits():
+    """Gemma's layout with a sliding layer, routed: feed(logits="last") through the operator equals the last row of
+    feed(logits="all") bit for bit, with the same bytes per step, and calls the output head once."""
+    cfg = _cfg(4, 1, 64, "sandwich", (0, 20, 20))
+    qm, _ = models(cfg, 6, True)
+    ids = torch.randint(0, cfg.vocab_size, (90,), generator=torch.Generator().manual_seed(6))
+    eng = engine(qm, True)
+    seq = eng.new_sequence()
+    eng.prefill(seq, ids[:67])
+    a, b = eng.fork(seq), eng.fork(seq)
+    r = sk.Router("minmax", token_budget=32)
+    every = eng.feed(a, ids[67:], router=r)
+    calls = []
+    hook = qm.lm_head.register_forward_hook(lambda *_: calls.append(1))
+    last = eng.feed(b, ids[67:], router=r, logits="last")
+    hook.remove()
+    assert isinstance(eng._fused, fused.FusedDecode) and len(calls) == 1
+    assert torch.equal(last, every[-1:])
+    assert [s.kv_bytes for s in eng.stats(a).steps] == [s.kv_bytes for s in eng.stats(b).steps]
+
+
+@kernel_only
 def test_steps_outside_the_operator_s_scope_take_the_general_path():
     """A router without a token budget (top-p, threshold) when every global layer is dense, a batch of two, and a
     recorded step: each decodes as the general path does (none raises, none corrupts the step)."""

@@ -54,7 +54,7 @@ def channel_importance(engine, tok, tokens: int = 2048, queries: int = 32) -> to
     def observe(layer: int, q: torch.Tensor) -> None:                          # q [Hq, D]
         qsum[layer] += q.double().abs().view(H, -1, D).mean(1)
 
-    engine.feed(seq, ids[tokens:tokens + queries], router=None, observer=observe)
+    engine.feed(seq, ids[tokens:tokens + queries], router=None, observer=observe, logits="last")
     engine.finish(seq)
     return qsum / queries * ksum
 

@@ -406,7 +406,7 @@ def ask(engine, seq, question: Question, router=None, rule: str = "dense", keep_
         if len(question.ids) > 1 and rule == "dense":
             engine.prefill(child, question.ids[:-1])
         elif len(question.ids) > 1:
-            engine.feed(child, question.ids[:-1], router=router)
+            engine.feed(child, question.ids[:-1], router=router, logits="last")   # only the K/V matter here
         return score_answer(engine, child, question.ids[-1], question.answer, router, keep_logprobs=keep_logprobs)
     finally:
         engine.finish(child)

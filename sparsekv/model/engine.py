@@ -355,19 +355,28 @@ class Engine:
         return out
 
     def feed(self, seq: Sequence, token_ids, router=_ENGINE_DEFAULT,
-             observer: Callable[[int, torch.Tensor], None] | None = None, dense_layers: int | None = None) -> torch.Tensor:
+             observer: Callable[[int, torch.Tensor], None] | None = None, dense_layers: int | None = None,
+             logits: str = "all") -> torch.Tensor:
         """Teacher forcing: decode the given tokens one at a time (routed like `decode`) and return
-        the logits after each, [n, vocab]. The last row becomes the sequence's next-token logits.
+        the logits after each, [n, vocab] float32. The last row becomes the sequence's next-token logits.
+
+        logits: "all" (every row), or "last" (only the last token's, [1, vocab]: the other steps skip the output
+        head, which on a large vocabulary is most of a step's work; every K/V, summary, routing decision and the
+        next-token logits are what "all" gives, bit for bit). If a step fails part-way under "last" (running out
+        of blocks), the sequence keeps the tokens fed so far and has no next-token logits.
 
         observer: called as observer(store layer, q [Hq, D]) in every attention layer of every step,
         after the step's K/V are written and before attention reads them (for analysis: attention
         anatomy, routing recall); it must not modify q or the store.
         """
+        if logits not in ("all", "last"):
+            raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
         st = self._state(seq)
-        ids = self._as_ids(token_ids)
+        ids = self._as_ids(token_ids).tolist()
         router = self.router if router is _ENGINE_DEFAULT else router
-        return torch.cat([self._decode_step([seq], [st], [tok], router, dense_layers, observer)
-                          for tok in ids.tolist()])
+        rows = [self._decode_step([seq], [st], [tok], router, dense_layers, observer,
+                                  head=logits == "all" or i == len(ids) - 1) for i, tok in enumerate(ids)]
+        return torch.cat([r for r in rows if r is not None])
 
     def decode_batch(self, seqs: list[Sequence], sampler: Callable[[torch.Tensor], int] = greedy,
                      router=_ENGINE_DEFAULT, dense_layers: int | None = None) -> list[int]:
@@ -397,9 +406,10 @@ class Engine:
 
     # -- internals ------------------------------------------------------------------------
     def _decode_step(self, seqs: list[Sequence], states: list[_State], toks: list[int], router: Router | None,
-                     dense_layers: int | None = None, observer=None) -> torch.Tensor:
+                     dense_layers: int | None = None, observer=None, head: bool = True) -> torch.Tensor | None:
         """One decode step of `seqs` on tokens `toks`: reserve a slot each, plan the step once, run the model with
-        the plan as every layer's attention, record each sequence's stats; returns the logits [B, vocab].
+        the plan as every layer's attention, record each sequence's stats; returns the logits [B, vocab], or None
+        without `head` (the output head skipped; each sequence's next-token logits become None).
         Running out of blocks raises StoreFullError before anything changes."""
         store, cfg = self.store, self.config
         store.check_room(seqs, 1)                    # StoreFullError here changes nothing (every layer group counted)
@@ -410,7 +420,7 @@ class Engine:
         dense = cfg.dense_layers if dense_layers is None else dense_layers
         fused = self._fused_step(router, dense, len(seqs), observer)
         if fused is not None:                        # one operator call per layer (`model.fused`)
-            logits, traffic, tiles = fused.step(toks[0], res[0], seqs[0], router, dense)
+            logits, traffic, tiles = fused.step(toks[0], res[0], seqs[0], router, dense, head=head)
             traffics, tiles, selections, masses = [traffic], [tiles], [None], [None]
         else:
             plan = plan_decode(store, seqs, self.model.config.n_heads, router=router, dense_layers=dense,
@@ -423,9 +433,9 @@ class Engine:
 
             ids, positions = torch.tensor(toks), torch.tensor([r.start for r in res])
             if all(kind == "attn" for kind in self.model.config.mixers):
-                logits = self.model.forward_decode_batch(ids, positions, store, res, attend)
+                logits = self.model.forward_decode_batch(ids, positions, store, res, attend, head=head)
             else:                              # conv and linear mixers keep per-sequence state: one sequence here
-                logits = self.model(ids, positions, store, res[0], attend, state=states[0].mixer_state)
+                logits = self.model(ids, positions, store, res[0], attend, state=states[0].mixer_state, head=head)
             traffics, tiles = plan.traffic, plan.blocks_read
             selections = plan.selections if cfg.record_selections else [None] * len(seqs)
             masses = plan.masses if cfg.record_selections else [None] * len(seqs)
@@ -435,7 +445,7 @@ class Engine:
         for b, st in enumerate(states):
             t = traffics[b]
             st.stats.steps.append(StepStats(dt, tiles[b], t.kv_bytes, t.meta_bytes, selections[b], masses[b], t))
-            st.next_logits = logits[b]
+            st.next_logits = logits[b] if logits is not None else None
         return logits
 
     def _fused_step(self, router, dense_layers: int, batch: int, observer):

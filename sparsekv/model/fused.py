@@ -138,10 +138,11 @@ class FusedDecode:
                     and resolve(router.backend, torch.empty(0)) == "cpp")
 
     @torch.inference_mode()
-    def step(self, token: int, res, seq: Sequence, router, dense_layers: int):
+    def step(self, token: int, res, seq: Sequence, router, dense_layers: int, head: bool = True):
         """One decode step of `seq` on `token`, whose slot `res` is reserved: writes every layer's K/V and
         summaries, attends (dense, windowed, or routed from global layer `dense_layers` on), and returns
-        (logits [1, vocab] float32, the step's StepTraffic summed over layers, the (kv head, block) tiles read)."""
+        (logits [1, vocab] float32, or None when `head` is False, the step's StepTraffic summed over layers, the
+        (kv head, block) tiles read)."""
         model = self.model
         if quant.activation_epoch() != self._epoch:
             self._rebind()
@@ -164,7 +165,7 @@ class FusedDecode:
                               split_routed if routed else splits, 0 if routed else -1, top_k, sink, local)
             if routed:
                 picked.append(sel)
-        logits = model.lm_head(model.norm(x)).float()
+        logits = model.lm_head(model.norm(x)).float() if head else None
         return (logits, *self._traffic(router, seq, picked, groups, Hq))
 
     # -- internals ------------------------------------------------------------------------

@@ -489,8 +489,9 @@ class Model(nn.Module):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, store: BlockStore, res: Reservation,
                 attend: Callable[..., torch.Tensor], last_only: bool = True,
-                state: dict | None = None) -> torch.Tensor:
-        """tokens, positions: [T] int64. Returns logits [T, vocab] (or [1, vocab] if last_only), float32.
+                state: dict | None = None, head: bool = True) -> torch.Tensor | None:
+        """tokens, positions: [T] int64. Returns logits [T, vocab] (or [1, vocab] if last_only), float32; None
+        when `head` is False (the K/V and mixer state are written as always, the output head is skipped).
 
         Attention layers write K/V to store layer `store_layer[i]` and call attend(store layer, q, k, v);
         conv and linear layers read and update `state` (from `initial_state`) in place.
@@ -505,6 +506,8 @@ class Model(nn.Module):
             if new is not None:
                 state[i] = new
             x = layer.residual(x, y)
+        if not head:
+            return None
         if last_only:
             x = x[-1:]
         return self.lm_head(self.norm(x)).float()
@@ -512,9 +515,11 @@ class Model(nn.Module):
     @torch.inference_mode()
     def forward_decode_batch(self, tokens: torch.Tensor, positions: torch.Tensor, store: BlockStore,
                              reservations: list[Reservation],
-                             attend: Callable[..., torch.Tensor]) -> torch.Tensor:
+                             attend: Callable[..., torch.Tensor], head: bool = True) -> torch.Tensor | None:
         """One decode token for each of B sequences in one pass: tokens, positions [B] int64 (row b is sequence b's
-        next token at its own position), `reservations[b]` its slot. Returns logits [B, vocab] float32.
+        next token at its own position), `reservations[b]` its slot. Returns logits [B, vocab] float32, or None
+        when `head` is False (every layer's K/V written as always, the output head skipped: on Gemma 3 270M its
+        262,144 x 640 matrix is most of a decode step's multiply-adds).
 
         The projections and MLPs run once over the B rows (their weights are read once per step); each attention
         layer writes row b's K/V through reservations[b] and calls attend(store layer, q [B, Hq, D], k, v [B, H, D])
@@ -537,7 +542,7 @@ class Model(nn.Module):
                 store.write(res, sl, k[b:b + 1].to(dt), v[b:b + 1].to(dt), check_finite=False)
             o = attend(sl, q, k, v)                                                  # [B, Hq, D]
             x = layer.residual(x, mix.o_proj(o.reshape(B, -1).to(x.dtype)))
-        return self.lm_head(self.norm(x)).float()
+        return self.lm_head(self.norm(x)).float() if head else None
 
     def train_forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Batched full-sequence forward without a cache, for training: tokens [B, T] -> logits [B, T, vocab].

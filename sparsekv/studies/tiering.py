@@ -64,7 +64,7 @@ def record_trace(engine: Engine, token_ids, prompt_len: int, name: str = "") -> 
         raise ValueError(f"prompt_len must be in [1, {len(ids)}), got {prompt_len}")
     seq = engine.new_sequence()
     engine.prefill(seq, ids[:prompt_len])
-    engine.feed(seq, ids[prompt_len:])
+    engine.feed(seq, ids[prompt_len:], logits="last")            # the trace is the routing, not the logits
     steps = [{layer: (s.selections[layer].numpy(), s.masses[layer].numpy()) for layer in s.selections}
              for s in engine.stats(seq).steps]
     engine.finish(seq)
