@@ -83,6 +83,12 @@ def assert_same(a, b):
             assert x == y
 
 
+def head_calls(model):
+    """(calls, handle): `calls` grows by one entry per call of `model`'s output head until `handle.remove()`."""
+    calls = []
+    return calls, model.lm_head.register_forward_hook(lambda *_: calls.append(1))
+
+
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's loadgroup schedule each test module runs whole on one worker, so a module-scoped fixture
     (a loaded model, a prefilled engine, a Ray session) is built once; the notebook runs in test_notebooks.py, most

@@ -2,6 +2,7 @@
 their stats agree with each other on the same forks (one decode step, one plan, one byte count)."""
 import pytest
 import torch
+from conftest import head_calls
 
 import sparsekv as sk
 from sparsekv.attention.plan import step_traffic
@@ -77,12 +78,6 @@ def test_feed_of_the_greedy_tokens_is_decode(model):
     assert [s.kv_bytes for s in eng.stats(a).steps] == [s.kv_bytes for s in eng.stats(b).steps]
 
 
-def _head_calls(model):
-    """A list that grows by one entry per call of `model`'s output head, and the hook's handle."""
-    calls = []
-    return calls, model.lm_head.register_forward_hook(lambda *_: calls.append(1))
-
-
 @pytest.mark.parametrize("preset,routed", [("tiny", True), ("tiny", False), ("recall", True)],
                          ids=["attn-routed", "attn-dense", "conv-attn"])
 def test_feed_of_only_the_last_logits_skips_the_head_and_changes_nothing_else(preset, routed):
@@ -96,7 +91,7 @@ def test_feed_of_only_the_last_logits_skips_the_head_and_changes_nothing_else(pr
     ids = prompt(19, seed=5, vocab=m.config.vocab_size)
     a, b = eng.fork(seq), eng.fork(seq)
     every = eng.feed(a, ids)
-    calls, hook = _head_calls(m)
+    calls, hook = head_calls(m)
     last = eng.feed(b, ids, logits="last")
     hook.remove()
     assert len(calls) == 1 and last.shape == (1, m.config.vocab_size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import head_calls
 
 import sparsekv as sk
 from sparsekv.kernels import cpu_decode
@@ -187,8 +188,7 @@ def test_the_operator_skips_the_head_when_feed_wants_only_the_last_logits():
     a, b = eng.fork(seq), eng.fork(seq)
     r = sk.Router("minmax", token_budget=32)
     every = eng.feed(a, ids[67:], router=r)
-    calls = []
-    hook = qm.lm_head.register_forward_hook(lambda *_: calls.append(1))
+    calls, hook = head_calls(qm)
     last = eng.feed(b, ids[67:], router=r, logits="last")
     hook.remove()
     assert isinstance(eng._fused, fused.FusedDecode) and len(calls) == 1
