@@ -104,6 +104,25 @@ def test_feed_of_only_the_last_logits_skips_the_head_and_changes_nothing_else(pr
     assert eng.decode(a, 4) == eng.decode(b, 4)
 
 
+def test_a_feed_that_runs_out_of_blocks_keeps_what_it_fed_and_under_last_has_no_logits(model):
+    """A pool of 4 blocks of 8 holds 32 tokens: feeding 20 after a 20-token prompt stops at the 13th with
+    StoreFullError. Both choices keep the 12 tokens fed; "all" keeps the 12th token's logits, "last" (which skipped
+    them) none, so decoding from it is refused rather than sampled from stale logits."""
+    for choice in ("all", "last"):
+        eng = sk.Engine(model, block_size=8, num_blocks=4, progress=False)
+        seq = eng.new_sequence()
+        eng.prefill(seq, prompt(20))
+        with pytest.raises(sk.StoreFullError):
+            eng.feed(seq, prompt(20, seed=1), logits=choice)
+        assert seq.num_tokens == 32 and eng.tokens(seq) == prompt(20) + prompt(20, seed=1)[:12]
+        if choice == "all":
+            assert eng.last_logits(seq).shape == (model.config.vocab_size,)
+        else:
+            assert eng.last_logits(seq) is None
+            with pytest.raises(ValueError, match="no logits to sample from"):
+                eng.decode(seq, 1)
+
+
 def test_feed_rejects_an_unknown_logits_choice_and_changes_nothing(model):
     eng = engine(model)
     seq = eng.new_sequence()
