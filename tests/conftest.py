@@ -83,10 +83,22 @@ def assert_same(a, b):
             assert x == y
 
 
-def head_calls(model):
-    """(calls, handle): `calls` grows by one entry per call of `model`'s output head until `handle.remove()`."""
+def feed_last_against_all(eng, model, seq, ids, router=None):
+    """Feed `ids` on two forks of `seq`: a with logits="all", b with logits="last". Asserts what "last" promises: b's
+    one row is a's last bit for bit, with the same bytes at every step, and `model`'s output head ran once for b.
+    Returns (a, b) for the caller's own checks."""
+    a, b = eng.fork(seq), eng.fork(seq)
+    every = eng.feed(a, ids, router=router)
     calls = []
-    return calls, model.lm_head.register_forward_hook(lambda *_: calls.append(1))
+    hook = model.lm_head.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        last = eng.feed(b, ids, router=router, logits="last")
+    finally:
+        hook.remove()
+    assert len(calls) == 1 and last.shape == (1, every.shape[1])
+    assert torch.equal(last, every[-1:]) and torch.equal(eng.last_logits(a), eng.last_logits(b))
+    assert [s.kv_bytes for s in eng.stats(a).steps] == [s.kv_bytes for s in eng.stats(b).steps]
+    return a, b
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,7 +2,7 @@
 their stats agree with each other on the same forks (one decode step, one plan, one byte count)."""
 import pytest
 import torch
-from conftest import head_calls
+from conftest import feed_last_against_all
 
 import sparsekv as sk
 from sparsekv.attention.plan import step_traffic
@@ -85,22 +85,15 @@ def test_feed_of_only_the_last_logits_skips_the_head_and_changes_nothing_else(pr
     the store's K/V and the steps' bytes equal, the same greedy tokens after; the output head ran once instead of
     n times (what makes it cheaper). Covers batched all-attention steps and the conv mixer's per-sequence path."""
     m = sk.Model(sk.ModelConfig.from_name(preset), seed=3)
-    eng = engine(m, router=sk.Router("minmax", token_budget=16) if routed else None)
+    router = sk.Router("minmax", token_budget=16) if routed else None
+    eng = engine(m, router=router)
     seq = eng.new_sequence()
     eng.prefill(seq, prompt(45, vocab=m.config.vocab_size))
-    ids = prompt(19, seed=5, vocab=m.config.vocab_size)
-    a, b = eng.fork(seq), eng.fork(seq)
-    every = eng.feed(a, ids)
-    calls, hook = head_calls(m)
-    last = eng.feed(b, ids, logits="last")
-    hook.remove()
-    assert len(calls) == 1 and last.shape == (1, m.config.vocab_size)
-    assert torch.equal(last, every[-1:]) and torch.equal(eng.last_logits(a), eng.last_logits(b))
+    a, b = feed_last_against_all(eng, m, seq, prompt(19, seed=5, vocab=m.config.vocab_size), router)
     for layer in range(eng.store.config.num_layers):
         ka, va = eng.store.gather(a, layer, 0)
         kb, vb = eng.store.gather(b, layer, 0)
         assert torch.equal(ka, kb) and torch.equal(va, vb)
-    assert [s.kv_bytes for s in eng.stats(a).steps] == [s.kv_bytes for s in eng.stats(b).steps]
     assert eng.decode(a, 4) == eng.decode(b, 4)
 
 
