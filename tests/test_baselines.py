@@ -93,3 +93,51 @@ def test_timing_metrics_are_reported_but_not_gated_in_smoke_comparisons():
     assert not baselines.compare(base, now).ok
     cmp = baselines.compare(base, now, gate_timing=False)
     assert cmp.ok and "not gated" in next(d.tolerance for d in cmp.diffs if d.metric == "t")
+
+
+def _base(**metrics):
+    kinds = {k: ("exact" if isinstance(v, int) else "numeric") for k, v in metrics.items()}
+    return {"notebook": "x", "metrics": dict(metrics), "kinds": kinds}
+
+
+def test_a_spread_between_cpu_configurations_widens_a_numeric_tolerance():
+    base = _base(kl=0.50)
+    now = {**base, "metrics": {"kl": 0.53}}
+    tol = baselines.DEFAULT_TOLERANCES                            # +-0.01 by rule
+    assert not baselines.compare(base, now, tol).ok
+    base["spread"] = {"metrics": {"kl": 0.012}}                   # measured between native and alt
+    assert baselines.compare(base, now, tol).ok                    # 3 x 0.012 = 0.036 allowed
+    assert not baselines.compare(base, {**base, "metrics": {"kl": 0.54}}, tol).ok     # 0.04 is past it
+
+
+def test_a_chaotic_metric_is_observed_and_a_listed_pattern_too():
+    tol = baselines.DEFAULT_TOLERANCES                            # observe_above 0.25 of the value
+    base = _base(kl=0.10, count=3, kept=0.9)
+    base["spread"] = {"metrics": {"kl": 0.01, "count": 1}}        # 3 x 0.01 > 0.25 x 0.10; a count that moved
+    now = {**base, "metrics": {"kl": 0.9, "count": 7, "kept": 0.9}}
+    cmp = baselines.compare(base, now, tol)
+    assert cmp.ok
+    observed = {d.metric: d.tolerance for d in cmp.diffs if d.observed}
+    assert set(observed) == {"kl", "count"}                       # "kept" did not move: compared
+    assert "chaotic" in observed["kl"] and "differs between" in observed["count"]
+    listed = {**tol, "observations": {"ke*": "a reason"}}
+    cmp = baselines.compare(base, {**now, "metrics": {**now["metrics"], "kept": 0.1}}, listed)
+    assert cmp.ok and next(d.tolerance for d in cmp.diffs if d.metric == "kept") == "observed: a reason"
+
+
+def test_record_spread_keeps_only_metrics_that_differ_and_refuses_unequal_sets():
+    a = {"metrics": {"x": 1.0, "y": 2.0, "t": 0.3}, "kinds": {"t": "timing"}}
+    b = {"metrics": {"x": 1.0, "y": 2.5, "t": 0.9}, "kinds": {"t": "timing"}}
+    assert baselines.record_spread(a, b)["metrics"] == {"y": 0.5}  # x equal, t a timing
+    with pytest.raises(ValueError, match="different metrics"):
+        baselines.record_spread(a, {"metrics": {"x": 1.0}})
+
+
+def test_the_committed_tolerances_observe_only_what_they_give_a_reason_for():
+    tol = baselines.load_tolerances(root=REPO)
+    assert all(isinstance(why, str) and len(why) > 20 for why in tol["observations"].values())
+    for stem in STEMS:                                            # every notebook keeps metrics that are compared
+        base = load(stem)
+        cmp = baselines.compare(base, base, tol)
+        compared = [d for d in cmp.diffs if not d.observed and d.kind != "timing" and not d.metric.startswith("check")]
+        assert len(compared) >= 0.5 * len([d for d in cmp.diffs if d.kind != "timing"]), stem

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..core import cpu_paths
 from ..core.backend import BACKENDS, resolve
 from ..core.checks import check_choice, check_int, check_tensor
 from ..core.traffic import StepTraffic, attention_traffic
@@ -167,6 +168,8 @@ def _prefill_sdpa(q, store, seq, layer, fresh=None, window: int = 0):
     start, mask = _prefill_window(q, seq, window)
     k, v = _prefill_kv(q, store, seq, layer, fresh, start)               # [N - start, H, D]
     cd = torch.float32 if q.dtype == torch.float32 else q.dtype
+    if cd == torch.bfloat16:
+        cpu_paths.take("bf16_prefill_sdpa")                                # its bits depend on the CPU
     qh = q.to(cd).permute(1, 0, 2)[None]                                  # [1, Hq, T, D]
     kh, vh = k.to(cd).permute(1, 0, 2)[None], v.to(cd).permute(1, 0, 2)[None]
     if mask is None:
@@ -406,6 +409,7 @@ def _prefill_cpp(q, store, seq, layer, fresh=None, window: int = 0):
             or not cpu_decode.bf16_prefill_available()):
         return _prefill_torch(q, store, seq, layer, fresh, window)
     _check_prefill_args(q, store, seq, layer)
+    cpu_paths.take("bf16_prefill_kernel")
     T, N = q.shape[0], seq.num_tokens
     start = _prefill_start(N, T, window)
     k, v = _prefill_kv(q, store, seq, layer, fresh, start, dtype=torch.bfloat16)    # [N - start, H, D]

@@ -57,6 +57,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..core import cpu_paths
 from ..core.checks import check_choice
 
 DECODE_ROWS = 16          # at most this many rows of x go through the kernel; more are a prefill chunk (MKL)
@@ -312,6 +313,7 @@ class QuantLinear(nn.Module):
             y = F.linear(x2, self.dequantized(), self.bias)
         else:                                                                    # ... or a bfloat16 matmul
             dt = self._prefill_dtype
+            cpu_paths.take("bf16_matmul")                                        # its bits depend on the CPU
             y = F.linear(x2.to(dt), self.dequantized().to(dt)).float()
             y = y if self.bias is None else y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

@@ -17,6 +17,7 @@ Each of those can be forced on any machine, which is what `alt` does:
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 CONFIGS = ("native", "alt")
@@ -51,3 +52,60 @@ def environment(name: str) -> dict[str, str]:
             "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
             "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
             "SPARSEKV_CPU_ARCH": alt_arch(flags)}
+
+
+# What a process started with a configuration's environment actually runs: each library's own word for its ISA.
+# MKL and oneDNN say it only when asked (MKL_VERBOSE, ONEDNN_VERBOSE) and only once they run something: a float32
+# GEMM (MKL) and a convolution large enough for oneDNN's JIT kernels.
+_PROBE = r"""
+import json, torch
+out = {"aten": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+torch.randn(64, 64) @ torch.randn(64, 64)
+torch.nn.functional.conv2d(torch.randn(1, 64, 32, 32), torch.randn(64, 64, 3, 3), padding=1)
+from sparsekv.kernels import cpu_decode
+out["extension_arch"] = cpu_decode.arch()
+out["extension"] = cpu_decode.available()
+out["bf16_prefill_kernel"] = cpu_decode.bf16_prefill_available()
+print("PROBE " + json.dumps(out))
+"""
+
+
+def describe(name: str, timeout: float = 600) -> dict:
+    """What configuration `name` runs on this machine, read from a fresh process started with its environment:
+    ATen's kernel capability, MKL's and oneDNN's ISA (their verbose banners), the thread count, the extension's
+    -march and whether its bfloat16 prefill kernel is built (building the extension if needed). A baseline records
+    it for both configurations (`suite.regression`); tests/test_notebooks.py checks that "alt" leaves nothing an
+    AVX2 machine lacks."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, **environment(name), "MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1"}
+    run = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=timeout)
+    if run.returncode != 0:
+        raise RuntimeError(f"the {name!r} configuration's probe failed: {run.stderr[-2000:]}")
+    lines = run.stdout.splitlines()
+    out = json.loads(next(line for line in lines if line.startswith("PROBE "))[6:])
+    mkl = next((line for line in lines if line.startswith("MKL_VERBOSE oneMKL")), "")
+    out["mkl"] = mkl.split(" for ", 1)[-1].split(" enabled processors")[0].split(", Lnx")[0].strip() or "?"
+    isa = next((line for line in lines if line.startswith("onednn_verbose") and ",isa:" in line), "")
+    out["onednn"] = isa.split(",isa:", 1)[-1].strip() or "?"
+    out["cpu"] = _model_name()
+    return out
+
+
+def lacks_avx512(d: dict) -> bool:
+    """Whether a `describe` result uses nothing a plain AVX2 + FMA machine lacks: no AVX-512 (or AVX10) or AMX in
+    ATen, MKL or oneDNN, and no extension build with AVX-512 or the bfloat16 prefill kernel."""
+    words = ("AVX512", "AVX-512", "AVX10", "AMX")
+    libs = " ".join(str(d[k]) for k in ("aten", "mkl", "onednn")).upper()
+    return not any(w in libs for w in words) and d["extension_arch"] in ("x86-64-v3", "x86-64") and not d["bf16_prefill_kernel"]
+
+
+def _model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"

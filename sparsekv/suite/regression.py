@@ -6,6 +6,13 @@ Each metric is compared by its kind (recorded in the metrics JSON, see `report.p
     timing   a ratio from the same run; passes while now / base is within [1/ratio, ratio].
 Tolerances come from `tests/baselines/tolerances.yaml`: per-kind defaults, then overrides by
 metric-name pattern (fnmatch), first match wins. A metric that is new or missing fails.
+
+A baseline also holds what holds it on another CPU (`record_spread`): `notebooks baseline` runs each notebook under
+both of `suite.cpuconfig`'s configurations and keeps, per metric, how far the two runs differ ("spread"). A
+metric's tolerance is then the larger of its rule's and `derived.factor` times its spread. Two kinds of metric are
+observations, recorded and shown but never compared: those named in the file's `observations` (with the reason),
+and those the spread shows to be chaotic (an exact metric that differs between the configurations, or a numeric
+one whose derived tolerance exceeds `derived.observe_above` of its value).
 With `gate_timing=False` (smoke runs, `make test`) timing metrics are reported but never fail:
 a busy machine moves them, and timing claims are asserted in full runs only.
 
@@ -26,7 +33,7 @@ from ..core.tables import format_table
 
 BASELINES = Path("tests") / "baselines"            # relative to the repository root
 DEFAULT_TOLERANCES = {"defaults": {"exact": {}, "numeric": {"abs": 0.01, "rel": 0.01}, "timing": {"ratio": 3.0}},
-                      "overrides": {}}
+                      "overrides": {}, "observations": {}, "derived": {"factor": 3.0, "observe_above": 0.25}}
 
 
 def baseline_path(stem: str, mode: str = "smoke", root: Path | str = ".") -> Path:
@@ -48,7 +55,8 @@ def load_tolerances(path: Path | None = None, root: Path | str = ".") -> dict:
     import yaml
     spec = yaml.safe_load(path.read_text()) or {}
     out = {"defaults": {**DEFAULT_TOLERANCES["defaults"], **(spec.get("defaults") or {})},
-           "overrides": spec.get("overrides") or {}}
+           "overrides": spec.get("overrides") or {}, "observations": spec.get("observations") or {},
+           "derived": {**DEFAULT_TOLERANCES["derived"], **(spec.get("derived") or {})}}
     return out
 
 
@@ -61,6 +69,7 @@ class MetricDiff:
     tolerance: str
     direction: str       # "=", "up", "down", "new", "missing", "ungated" (checks)
     ok: bool
+    observed: bool = False   # an observation: recorded and shown, never compared (module docstring)
 
 
 @dataclass
@@ -93,7 +102,9 @@ def compare(baseline: dict, current: dict, tolerances: dict | None = None, gate_
             root: Path | str = ".") -> Comparison:
     """Compare two metrics records (as written by `report.write_metrics`), metrics and checks."""
     tol = tolerances or load_tolerances(root=root)
+    tol = {**DEFAULT_TOLERANCES, **tol}
     base_m, now_m = baseline["metrics"], current["metrics"]
+    spread = (baseline.get("spread") or {}).get("metrics", {})
     kinds = {**current.get("kinds", {}), **baseline.get("kinds", {})}
     diffs = []
     for name in sorted(set(base_m) | set(now_m)):
@@ -105,14 +116,55 @@ def compare(baseline: dict, current: dict, tolerances: dict | None = None, gate_
             diffs.append(MetricDiff(name, kind, None, now_m[name], "-", "new", False))
             continue
         b, n = base_m[name], now_m[name]
+        direction = "=" if n == b else ("up" if n > b else "down")
+        why = observation(name, kind, b, spread.get(name), tol)
+        if why:
+            diffs.append(MetricDiff(name, kind, b, n, f"observed: {why}", direction, True, observed=True))
+            continue
         spec = _tolerance_for(name, kind, tol)
+        if kind == "numeric" and spread.get(name):
+            spec = _widened(spec, b, tol["derived"]["factor"] * spread[name])
         ok, text = _within(b, n, kind, spec)
         if kind == "timing" and not gate_timing:
             ok, text = True, text + " (not gated)"
-        direction = "=" if n == b else ("up" if n > b else "down")
         diffs.append(MetricDiff(name, kind, b, n, text, direction, ok))
     diffs += _compare_checks(baseline.get("checks", {}), current.get("checks", {}))
     return Comparison(current.get("notebook", baseline.get("notebook", "?")), diffs)
+
+
+def observation(name: str, kind: str, base: float, spread: float | None, tol: dict) -> str:
+    """Why metric `name` is an observation (recorded, never compared), or "" when it is compared: it matches a
+    pattern of the tolerances' `observations`, or its spread between the CPU configurations shows it chaotic."""
+    for pattern, why in (tol.get("observations") or {}).items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return str(why)
+    if not spread or kind == "timing":
+        return ""
+    if kind == "exact":
+        return f"differs between the CPU configurations by {spread:.4g}"
+    derived = tol["derived"]
+    if derived["factor"] * spread > derived["observe_above"] * abs(base):
+        return (f"chaotic: {derived['factor']:g} x its spread between the CPU configurations ({spread:.3g}) exceeds "
+                f"{derived['observe_above']:.0%} of its value")
+    return ""
+
+
+def _widened(spec: dict, base: float, allowed: float) -> dict:
+    """`spec` with its allowance raised to at least `allowed` (a derived tolerance)."""
+    a, rel = float(spec.get("abs", 0.0)), float(spec.get("rel", 0.0))
+    return {"abs": max(a, rel * abs(base), allowed), "rel": 0.0}
+
+
+def record_spread(native: dict, other: dict, configurations: dict[str, dict] | None = None) -> dict:
+    """The spread block a baseline keeps: per metric that is not a timing, |other - native| where they differ
+    (metrics equal in both runs are left out), and what each configuration ran (`cpuconfig.describe`)."""
+    kinds = native.get("kinds", {})
+    a, b = native["metrics"], other["metrics"]
+    missing = sorted(set(a) ^ set(b))
+    if missing:
+        raise ValueError(f"the two configurations recorded different metrics: {missing[:8]}")
+    diff = {k: abs(float(b[k]) - float(a[k])) for k in sorted(a) if kinds.get(k) != "timing" and a[k] != b[k]}
+    return {"metrics": diff, "configurations": dict(configurations or {})}
 
 
 def _compare_checks(base: dict, now: dict) -> list[MetricDiff]:

@@ -33,6 +33,8 @@ import operator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core import cpu_paths
+
 KINDS = ("exact", "numeric", "timing")
 ROLES = ("invariant", "finding", "hypothesis")
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
@@ -162,6 +164,7 @@ def write_metrics(path: str | Path, notebook: str, metrics: dict, checks: dict[s
         raise TypeError(f"checks must map claims to report.Check (value, op, threshold), got {bad}")
     record = {"notebook": notebook, "metrics": clean, "kinds": {n: kinds[n] for n in clean},
               "headline": list(headline), "gate_timing": bool(gate_timing),
+              "cpu_paths": cpu_paths.taken(),       # CPU-gated paths this process ran (core.cpu_paths: none in smokes)
               "checks": {k: {**asdict(c), "passed": c.passed, "gated": c.role != "hypothesis" and (gate_timing or not c.timing)}
                          for k, c in checks.items()}}
     path = Path(path)

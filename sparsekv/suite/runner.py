@@ -8,7 +8,9 @@
               smoke run never overwrites figures/. Metrics are compared with the committed
               baselines in tests/baselines/ (see sparsekv.suite.regression).
     baseline  a smoke run that re-records tests/baselines/NN.smoke.json; commit the change
-              with the reason the metrics moved.
+              with the reason the metrics moved. Each notebook runs twice, under both of
+              `suite.cpuconfig`'s configurations, and the baseline keeps how far the two differ
+              (`regression.record_spread`: a metric's tolerance on another CPU is derived from it).
 
     --sweep   any mode, with the notebooks as the cells of one Ray sweep (`suite.sweep`) under OUT/sweep/:
               parallel where there are more cores than one notebook's threads (`--workers`, `--threads`), on a
@@ -167,7 +169,11 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
         figures = out / "figures"
     timeout = timeout or (3600 if mode == "run" else 300)
     params = {p.stem: {} if mode == "run" else smoke_parameters(p.stem, root) for p in paths}
-    if sweep or address is not None:
+    if mode == "baseline" and (sweep or address is not None):
+        raise ValueError("baseline runs each notebook under both CPU configurations, one after another: drop --sweep")
+    if mode == "baseline":
+        runs = _record_baselines(paths, params, out, figures, timeout, cpu, root, stream)
+    elif sweep or address is not None:
         runs = _run_as_sweep(paths, params, mode, out, figures, timeout, env, root, address, workers, threads, stream)
     else:
         runs = []
@@ -184,6 +190,32 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
                   "README findings already match figures/*.metrics.json", file=stream, flush=True)
         except KeyError as exc:        # a finding cites a notebook that has not been run at full size yet
             print(f"README findings not re-rendered: {exc}", file=stream, flush=True)
+    return runs
+
+
+def _record_baselines(paths, params, out, figures, timeout, cpu, root, stream) -> list[NotebookRun]:
+    """Each notebook under configuration `cpu`, then under the other one; the first run's metrics, with the spread
+    between the two (`regression.record_spread`) and what each configuration ran (`cpuconfig.describe`), become
+    its baseline. A notebook that fails under either configuration records nothing."""
+    from . import cpuconfig
+    from . import regression as baselines
+    other = "alt" if cpu == "native" else "native"
+    configurations = {c: cpuconfig.describe(c) for c in (cpu, other)}
+    runs = []
+    for i, path in enumerate(paths, 1):
+        tag = f"[{i}/{len(paths)}] "
+        print(f"{tag}{path.stem} (baseline, {cpu} then {other}) ...", file=stream, flush=True)
+        run = run_notebook(path, out, figures, params[path.stem], timeout, env=cpuconfig.environment(cpu))
+        if run.status == "ok":
+            again = run_notebook(path, out / other, out / other / "figures", params[path.stem], timeout,
+                                 env=cpuconfig.environment(other))
+            if again.status != "ok":
+                run.status, run.error = "failed", f"under the {other!r} configuration: {again.error}"
+            else:
+                run.metrics["spread"] = baselines.record_spread(run.metrics, again.metrics, configurations)
+                n = len(run.metrics["spread"]["metrics"])
+                print(f"{tag}{path.stem}: {n} metrics differ between {cpu} and {other}", file=stream, flush=True)
+        runs.append(_settle(run, "baseline", out, root, tag, stream))
     return runs
 
 

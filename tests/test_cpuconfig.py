@@ -1,0 +1,64 @@
+"""The CPU configurations a baseline must hold under (`suite.cpuconfig`), and the record of CPU-gated paths a process
+ran (`core.cpu_paths`), which keeps the paths whose bits depend on an optional CPU feature out of smoke baselines."""
+import pytest
+import torch
+from conftest import make_store, rand_kv
+
+from sparsekv.attention import decode
+from sparsekv.core import cpu_paths
+from sparsekv.model import quant
+from sparsekv.suite import cpuconfig
+
+
+def test_alt_leaves_nothing_a_plain_avx2_machine_lacks():
+    """ATen, MKL and oneDNN each say which ISA they run (their own banners, read in a fresh process), and the
+    extension is built for another -march without its bfloat16 prefill kernel. On a machine with AVX-512 the same
+    check on the native configuration must see it: the check can fail."""
+    alt = cpuconfig.describe("alt")
+    assert cpuconfig.lacks_avx512(alt), alt
+    assert alt["threads"] == 1 and alt["mkl"] != "?" and alt["onednn"] != "?", alt
+    if "avx512f" in cpuconfig.cpu_flags():
+        native = cpuconfig.describe("native")
+        assert not cpuconfig.lacks_avx512(native), native
+
+
+def test_lacks_avx512_reads_each_library_and_the_extension():
+    plain = {"aten": "AVX2", "mkl": "Intel(R) AVX2", "onednn": "Intel AVX2", "extension_arch": "x86-64-v3",
+             "bf16_prefill_kernel": False}
+    assert cpuconfig.lacks_avx512(plain)
+    for key, value in (("aten", "AVX512"), ("mkl", "Intel(R) AVX-512"), ("onednn", "Intel AVX10.1 and Intel AMX"),
+                       ("extension_arch", "native"), ("bf16_prefill_kernel", True)):
+        assert not cpuconfig.lacks_avx512({**plain, key: value}), key     # each one alone is caught
+
+
+@pytest.fixture
+def fresh_paths():
+    cpu_paths.reset()
+    yield
+    cpu_paths.reset()
+
+
+def test_a_bfloat16_prefill_records_its_gated_paths_and_float32_none(fresh_paths):
+    store = make_store(layers=1, kv_heads=2, head_dim=32, block_size=4, num_blocks=8)
+    seq = store.new_sequence()
+    k, v = rand_kv(store, 12, torch.Generator().manual_seed(0))
+    store.append(seq, k, v)
+    q = torch.randn(5, 4, 32, generator=torch.Generator().manual_seed(1))
+    decode.prefill_attention(q, store, seq, 0)
+    assert cpu_paths.taken() == []                                        # float32: the portable kind
+    decode.prefill_attention(q.bfloat16(), store, seq, 0, backend="torch")
+    assert cpu_paths.taken() == ["bf16_prefill_sdpa"]
+
+
+def test_a_bfloat16_prefill_matmul_is_recorded(fresh_paths):
+    w = quant.QuantWeight(torch.randint(-128, 128, (8, 64), dtype=torch.int8), torch.rand(8, 4), torch.zeros(0), 8,
+                          16, "test")
+    lin = quant.QuantLinear(w)
+    x = torch.randn(quant.DECODE_ROWS + 1, 64)
+    lin(x)
+    assert cpu_paths.taken() == []
+    lin.set_prefill("bfloat16")
+    lin(x)
+    assert cpu_paths.taken() == ["bf16_matmul"]
+    with pytest.raises(ValueError, match="path must be one of"):
+        cpu_paths.take("avx512")
