@@ -18,15 +18,18 @@ from dataclasses import dataclass, field
 import torch
 
 from ..storage.block_table import BlockTable
-from ..storage.prefix_cache import PrefixCache
+from ..storage.prefix_cache import PrefixCache, namespace_bytes
 
 
 @dataclass(frozen=True)
 class Request:
     name: str
     token_ids: torch.Tensor          # [T] int64 prompt
-    namespace: object = None
+    namespace: str | bytes | int | None = None     # prefix-cache namespace (None: shared by every request without one)
     decode_tokens: int = 16
+
+    def __post_init__(self):
+        namespace_bytes(self.namespace)             # anything else is a TypeError here, before any replay
 
 
 @dataclass

@@ -263,8 +263,8 @@ class Engine:
         t0 = time.perf_counter()
         cached = 0
         if self.prefix_cache is not None and seq.num_tokens == 0:
+            cached = self.prefix_cache.attach(seq, ids, namespace=namespace)     # a bad namespace raises here
             st.namespace = namespace
-            cached = self.prefix_cache.attach(seq, ids, namespace=namespace)
             st.tokens.extend(ids[:cached].tolist())
         todo = ids[cached:]
         size = self.config.chunk_size
@@ -312,8 +312,8 @@ class Engine:
         if self.prefix_cache is None:
             return 0
         ids = self._as_ids(token_ids)
+        cached = self.prefix_cache.attach(seq, ids, namespace=namespace)         # a bad namespace raises here
         st.namespace = namespace
-        cached = self.prefix_cache.attach(seq, ids, namespace=namespace)
         st.tokens.extend(ids[:cached].tolist())
         st.stats.prompt_tokens += cached
         st.stats.cached_tokens += cached

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from ..analysis.workloads import Trace
+from ..storage.prefix_cache import namespace_bytes
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,10 @@ class ServeRequest:
     arrival_s: float
     prompt: torch.Tensor
     max_new_tokens: int
-    namespace: object = None
+    namespace: str | bytes | int | None = None     # prefix-cache namespace (None: shared by every request without one)
+
+    def __post_init__(self):
+        namespace_bytes(self.namespace)             # anything else is a TypeError here, before any scheduling
 
 
 def with_arrivals(trace: Trace, rate_per_s: float, seed: int = 0, max_new_tokens: int | None = None) -> list[ServeRequest]:

@@ -1,4 +1,4 @@
-"""The cold tier: block tiles in one file on disk, each record checksummed, read back exactly.
+"""The cold tier: block tiles in one file on disk, each record authenticated, read back exactly.
 
 One file per store, in `StoreConfig.cold_dir`, created with a unique name and deleted when the
 store is closed or collected. The file is addressed by (layer, block id):
@@ -7,30 +7,46 @@ store is closed or collected. The file is addressed by (layer, block id):
     record = K tile [H, bs, D] | V tile [H, bs, D] | (int8 stores) K scales [H, bs] | V scales [H, bs]
     stride = the record's bytes rounded up to 4096 (so O_DIRECT can read and write it)
 
-The file is sparse: only records that were written take disk space. A record's CRC-32 is kept in
-memory (`crc`), beside the block's summaries, which never leave memory. A read whose bytes are
-short or whose CRC differs raises `ColdBlockError` naming the layer and block; its bytes are never
-returned.
+The file is sparse: only records that were written take disk space.
 
-The page cache. With `direct=True` (the default) the file is opened with O_DIRECT where the
+Authentication. Anyone who can write the file (a shared `cold_dir`) must not choose the K/V a model
+reads, so a checksum is not enough: CRC-32 is affine, and 4 adjusted bytes give any tile (all +inf
+keys, say) the CRC of the record it replaces. Each record instead gets a 16-byte keyed BLAKE2b tag
+
+    tag(layer, block) = blake2b(key, digest 16 bytes) over  layer | block | generation | record bytes
+
+with a random 32-byte key per store (os.urandom, never written anywhere) and `generation` the slot's
+count of writes. Tags and generations stay in memory (`tag`, `generation`), beside the block's
+summaries, which never leave memory. A read recomputes the tag over what it read: a record that is
+short, corrupted, forged, an older generation of the same slot, or another slot's raises
+`ColdBlockError` naming the layer and block; its bytes are never returned.
+
+The file is opened once: `tempfile.mkstemp` creates it (O_EXCL, O_NOFOLLOW, mode 0600) and its own
+descriptor is the one used, O_DIRECT switched on with fcntl; the path is never opened again, so a
+symlink or a file swapped in at that path in a shared `cold_dir` is never written. `close()` unlinks
+the path only while it still names this file.
+
+The page cache. With `direct=True` (the default) the descriptor gets O_DIRECT where the
 file system allows it, so every read reaches the device and the OS page cache never hides the
 disk (`io_mode` says "O_DIRECT"). Where O_DIRECT is refused, reads go through the page cache and
 `drop_cache()` asks the kernel to drop the file's clean pages (posix_fadvise DONTNEED after
 fdatasync); `io_mode` then says "page cache (dropped by fadvise)".
 
-Prefetch. `submit(layer, block)` reads a record on one background thread (os.preadv and
-zlib.crc32 release the GIL) and returns a Future; the store installs the result on the main
+Prefetch. `submit(layer, block)` reads and authenticates a record on one background thread (os.preadv
+and hashlib's BLAKE2b release the GIL) and returns a Future; the store installs the result on the main
 thread, so only this module's file descriptor is shared between threads.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import mmap
 import os
+import struct
 import tempfile
 import threading
 import time
 import weakref
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +55,12 @@ import numpy as np
 import torch
 
 ALIGN = 4096     # O_DIRECT's alignment of offsets, sizes and buffers (one page)
+TAG_BYTES = 16   # a record's keyed BLAKE2b digest (128 bits: forging one is a 2^128 guess without the key)
+KEY_BYTES = 32   # the per-store BLAKE2b key, from os.urandom
 
 
 class ColdBlockError(RuntimeError):
-    """A cold block that cannot be served: its record is torn, corrupted, or unreadable.
+    """A cold block that cannot be served: its record is torn, corrupted, forged, replayed, or unreadable.
 
     Attributes: layer and block (the physical block id) of the record, and `reason`.
     """
@@ -79,10 +97,14 @@ class ColdFile:
     """Fixed-size records of `record_bytes` for `num_layers * num_blocks` (layer, block) slots.
 
     Invariants:
-    1. `read(layer, block)` returns exactly the bytes of the last `write(layer, block, ...)`, or
-       raises `ColdBlockError`; it never returns bytes whose CRC-32 differs from the one written.
-    2. Records never overlap: each starts on a 4096-byte boundary and `stride >= record_bytes`.
-    3. The file exists from construction until `close()` (or garbage collection), then is deleted.
+    1. `read(layer, block)` and `submit(layer, block)` return exactly the bytes of the last
+       `write(layer, block, ...)`, or raise `ColdBlockError`; they never return bytes whose keyed tag over
+       (layer, block, the slot's generation, bytes) differs from the one written: not a forged record, not an
+       earlier generation of the slot, not another slot's record.
+    2. `generation[layer, block]` counts the slot's completed writes; a write changes only its own slot.
+    3. Records never overlap: each starts on a 4096-byte boundary and `stride >= record_bytes`.
+    4. The file is mkstemp's: its descriptor is the only one opened, the path is never opened again.
+    5. The file exists from construction until `close()` (or garbage collection), then is deleted.
     """
 
     def __init__(self, directory, num_layers: int, num_blocks: int, record_bytes: int, direct: bool = True):
@@ -93,30 +115,48 @@ class ColdFile:
             raise ValueError(f"cold_dir must be writable, and {str(path)!r} is not")
         self.num_layers, self.num_blocks, self.record_bytes = num_layers, num_blocks, record_bytes
         self.stride = -(-record_bytes // ALIGN) * ALIGN
-        fd, name = tempfile.mkstemp(prefix="sparsekv-cold-", suffix=".kv", dir=path)
-        os.close(fd)
-        self.path = Path(name)
-        self.fd, self.io_mode = self._open(direct)
-        os.ftruncate(self.fd, self.stride * num_layers * num_blocks)        # sparse: no space until written
-        self.crc = np.zeros((num_layers, num_blocks), dtype=np.uint32)      # CRC-32 of each written record
+        fd, name = tempfile.mkstemp(prefix="sparsekv-cold-", suffix=".kv", dir=path)    # O_EXCL | O_NOFOLLOW
+        self.path, self.fd = Path(name), fd                                 # mkstemp's descriptor: never reopened
+        try:
+            self.io_mode = self._direct(fd, direct)
+            os.ftruncate(fd, self.stride * num_layers * num_blocks)          # sparse: no space until written
+        except BaseException:
+            ColdFile._cleanup(fd, name, [None])
+            raise
+        self._key = os.urandom(KEY_BYTES)                                   # this store's; never leaves memory
+        self.generation = np.zeros((num_layers, num_blocks), dtype=np.uint64)       # completed writes per slot
+        self.tag = np.zeros((num_layers, num_blocks, TAG_BYTES), dtype=np.uint8)    # each slot's last record's tag
         self.stats = ColdStats()
         self._lock = threading.Lock()                                       # guards stats from the reader thread
         self._pool: ThreadPoolExecutor | None = None
         self._finalizer = weakref.finalize(self, ColdFile._cleanup, self.fd, str(self.path), [None])
 
-    def _open(self, direct: bool) -> tuple[int, str]:
-        flags, fd = os.O_RDWR, None
+    @staticmethod
+    def _direct(fd: int, direct: bool) -> str:
+        """Switch O_DIRECT on for mkstemp's descriptor (Linux's fcntl F_SETFL allows it) and probe one aligned
+        write and read; where the file system refuses either, switch it off again and use the page cache."""
         if direct and hasattr(os, "O_DIRECT"):
+            import fcntl
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
             try:
-                fd = os.open(self.path, flags | os.O_DIRECT)
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
                 probe = _aligned(ALIGN)
                 os.pwritev(fd, [probe], 0)                                   # some file systems refuse at I/O time
                 os.preadv(fd, [probe], 0)
-                return fd, "O_DIRECT"
+                return "O_DIRECT"
             except OSError:
-                if fd is not None:
-                    os.close(fd)
-        return os.open(self.path, flags), "page cache (dropped by fadvise)"
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+        return "page cache (dropped by fadvise)"
+
+    def _mac(self, layer: int, block: int, generation: int, data) -> bytes:
+        """The record's tag: keyed BLAKE2b over its slot, its generation and its bytes."""
+        h = hashlib.blake2b(struct.pack("<QQQ", layer, block, generation), digest_size=TAG_BYTES, key=self._key)
+        h.update(data)
+        return h.digest()
+
+    def expected(self, layer: int, block: int) -> tuple[int, bytes]:
+        """(generation, tag) a read of (layer, block) must match: the slot's last completed write."""
+        return int(self.generation[layer, block]), self.tag[layer, block].tobytes()
 
     # -- records ----------------------------------------------------------------------
     def offset(self, layer: int, block: int) -> int:
@@ -130,19 +170,22 @@ class ColdFile:
         buf = _aligned(self.stride)
         data = payload.numpy()
         np.frombuffer(buf, dtype=np.uint8, count=self.record_bytes)[:] = data
+        gen = int(self.generation[layer, block]) + 1
+        tag = self._mac(layer, block, gen, data)
         n = os.pwritev(self.fd, [buf], self.offset(layer, block))
         if n != self.stride:
             raise OSError(f"short write of cold block {block} (layer {layer}): {n} of {self.stride} bytes")
-        self.crc[layer, block] = zlib.crc32(data)
+        self.generation[layer, block] = gen
+        self.tag[layer, block] = np.frombuffer(tag, dtype=np.uint8)
         with self._lock:
             self.stats.writes += 1
             self.stats.bytes_written += self.stride
             self.stats.write_s += time.perf_counter() - t0
 
     def read(self, layer: int, block: int) -> torch.Tensor:
-        """The record of (layer, block) as a uint8 tensor of `record_bytes`, after its CRC check."""
+        """The record of (layer, block) as a uint8 tensor of `record_bytes`, after its tag is checked."""
         t0 = time.perf_counter()
-        out = self._read(layer, block, int(self.crc[layer, block]))
+        out = self._read(layer, block, *self.expected(layer, block))
         with self._lock:
             self.stats.reads += 1
             self.stats.bytes_read += self.stride
@@ -150,23 +193,24 @@ class ColdFile:
         return out
 
     def submit(self, layer: int, block: int) -> Future:
-        """Read (layer, block) on the background thread; the Future holds the record or a ColdBlockError."""
+        """Read (layer, block) on the background thread; the Future holds the record or a ColdBlockError.
+        The record must match the slot's tag as it is now (a write after this call makes the read fail)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparsekv-prefetch")
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, ColdFile._cleanup, self.fd, str(self.path), [self._pool])
-        return self._pool.submit(self._read_counted, layer, block, int(self.crc[layer, block]))
+        return self._pool.submit(self._read_counted, layer, block, *self.expected(layer, block))
 
-    def _read_counted(self, layer: int, block: int, crc: int) -> torch.Tensor:
+    def _read_counted(self, layer: int, block: int, generation: int, tag: bytes) -> torch.Tensor:
         t0 = time.perf_counter()
-        out = self._read(layer, block, crc)
+        out = self._read(layer, block, generation, tag)
         with self._lock:
             self.stats.prefetched += 1
             self.stats.bytes_read += self.stride
             self.stats.prefetch_read_s += time.perf_counter() - t0
         return out
 
-    def _read(self, layer: int, block: int, crc: int) -> torch.Tensor:
+    def _read(self, layer: int, block: int, generation: int, tag: bytes) -> torch.Tensor:
         buf = _aligned(self.stride)
         try:
             n = os.preadv(self.fd, [buf], self.offset(layer, block))
@@ -175,9 +219,12 @@ class ColdFile:
         if n != self.stride:
             raise ColdBlockError(layer, block, f"torn record: read {n} of {self.stride} bytes")
         data = np.frombuffer(buf, dtype=np.uint8, count=self.record_bytes)
-        got = zlib.crc32(data)
-        if got != crc:
-            raise ColdBlockError(layer, block, f"checksum mismatch (crc32 {got:#010x}, written {crc:#010x})")
+        if generation == 0:
+            raise ColdBlockError(layer, block, "checksum mismatch: the slot was never written")
+        if not hmac.compare_digest(self._mac(layer, block, generation, data), tag):
+            raise ColdBlockError(layer, block, f"checksum mismatch: the keyed BLAKE2b tag over (layer, block, "
+                                 f"generation {generation}, bytes) is not the one written (corrupted, forged, "
+                                 f"an older generation or another slot's record)")
         return torch.from_numpy(data.copy())
 
     def reset_stats(self) -> None:
@@ -210,10 +257,12 @@ class ColdFile:
         if pool[0] is not None:
             pool[0].shutdown(wait=True, cancel_futures=True)
         try:
-            os.close(fd)
+            mine, there = os.fstat(fd), os.lstat(path)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):     # never unlink what replaced the file
+                os.unlink(path)
         except OSError:
             pass
         try:
-            os.unlink(path)
-        except FileNotFoundError:
+            os.close(fd)
+        except OSError:
             pass

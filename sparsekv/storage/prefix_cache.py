@@ -2,11 +2,14 @@
 
 Block identity: block i of a prompt is named
 
-    h_0 = sha256(b"root" | namespace)            (the namespace: model id, adapter, tenant salt)
+    h_0 = sha256(b"root|" | namespace_bytes(namespace))   (the namespace: model id, adapter, tenant salt)
     h_i = sha256(h_{i-1} | token ids of block i as int64)
 
 so a hit on block i implies the whole prefix up to it matches, inside the same namespace,
-and a collision would need a SHA-256 collision. Only full blocks are cached; they are
+and a collision would need a SHA-256 collision. A namespace is None (the default, shared by every
+caller that passes none), a str, bytes or an int, hashed as its type, its length and its bytes: "a",
+b"a" and 97 are three namespaces. Anything else is a TypeError: an object would be named by something
+other than its value (its repr leaves out fields declared repr=False), and two tenants would share blocks. Only full blocks are cached; they are
 append-only in the store, so sharing them never needs a copy.
 
 Lifecycle of a cached block: in use (ref count > 0) -> released (ref count 0, kept and
@@ -79,6 +82,26 @@ class CacheStats:
         return sum(h for h, _ in self.recent) / p if p else 0.0
 
 
+def namespace_bytes(namespace) -> bytes:
+    """The bytes a namespace is hashed as: a type tag, the value's length (8 bytes) and its bytes.
+
+    None, str (UTF-8), bytes and int (two's complement), exact types only: a subclass or any other object is a
+    TypeError, because its identity could be more than what it hashes as (a repr that leaves fields out)."""
+    t = type(namespace)
+    if namespace is None:
+        return b"none"
+    if t is str:
+        tag, raw = b"str", namespace.encode("utf-8", "surrogatepass")
+    elif t is bytes:
+        tag, raw = b"bytes", namespace
+    elif t is int:
+        tag, raw = b"int", namespace.to_bytes(namespace.bit_length() // 8 + 1, "big", signed=True)
+    else:
+        raise TypeError(f"namespace must be None, str, bytes or int (a tenant's salt as bytes, a model id as str), "
+                        f"got {t.__module__}.{t.__qualname__}; convert it to str or bytes where it is made")
+    return tag + b"|" + len(raw).to_bytes(8, "big") + raw
+
+
 @dataclass
 class _Meta:
     digest: bytes
@@ -104,6 +127,9 @@ class PrefixCache:
        in policy order. A block in use, pinned blocks included, is never evicted.
     4. `match` never returns a block count that covers the prompt's last token.
     5. An evicted block's digest is forgotten before the block is handed out again.
+    6. Prompts in different namespaces never share a block: a chain's root digest hashes the namespace's type,
+       length and bytes (`namespace_bytes`), so None, "a", b"a" and 97 are four roots; any other namespace is a
+       TypeError before anything changes.
     """
 
     def __init__(self, store: BlockStore, policy: str = "lru", high_watermark: float | None = None,
@@ -131,7 +157,7 @@ class PrefixCache:
         self._heap: list[tuple] = []           # (key, -position, tiebreak, block) with lazy deletion
         self._evictable: dict[int, int] = {}   # block -> stamp of its live heap entry
         self._pins: dict[str, list[int]] = {}
-        self._chains: dict[int, tuple] = {}     # seq id -> (full blocks hashed, last digest, namespace, seq): see insert
+        self._chains: dict[int, tuple] = {}     # seq id -> (full blocks hashed, last digest, root digest, seq): see insert
         self._clock = itertools.count(1)
         self._tie = itertools.count()
         self.stats = CacheStats(recent=deque(maxlen=window))
@@ -140,7 +166,7 @@ class PrefixCache:
     # -- hashing ----------------------------------------------------------------------------
     @staticmethod
     def root(namespace=None) -> bytes:
-        return hashlib.sha256(b"root|" + repr(namespace).encode()).digest()
+        return hashlib.sha256(b"root|" + namespace_bytes(namespace)).digest()
 
     def block_digests(self, token_ids, namespace=None, max_blocks: int | None = None) -> list[bytes]:
         """Chained digests of the full blocks of `token_ids` (at most `max_blocks`)."""
@@ -211,9 +237,10 @@ class PrefixCache:
         if len(ids) != seq.num_tokens:
             raise ValueError(f"token_ids must be the sequence's {seq.num_tokens} tokens, got {len(ids)}")
         n_full = len(ids) // self.block_size
-        start, parent = 0, self.root(namespace)
+        root = self.root(namespace)                     # a TypeError for a bad namespace, before anything changes
+        start, parent = 0, root
         memo = self._chains.get(seq.seq_id)
-        if memo is not None and memo[3] is seq and memo[2] == repr(namespace) and memo[0] <= n_full:
+        if memo is not None and memo[3] is seq and memo[2] == root and memo[0] <= n_full:
             start, parent = memo[0], memo[1]
         bs, step = self.block_size, self.block_size * 8
         raw = ids[start * bs: n_full * bs].tobytes()
@@ -234,7 +261,7 @@ class PrefixCache:
             elif known is not None:
                 self._meta[known].last_access = now
             parent = d
-        self._chains[seq.seq_id] = (n_full, parent, repr(namespace), seq)
+        self._chains[seq.seq_id] = (n_full, parent, root, seq)
         if len(self._chains) > 4 * len(self.table.sequences) + 64:          # forget sequences that were freed
             self._chains = {k: v for k, v in self._chains.items() if v[3].alive}
         return added

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.tables import format_table
+from .params import check as check_parameters
 
 KERNEL = "sparsekv"
 
@@ -89,7 +90,7 @@ def smoke_parameters(stem: str, root: Path | str = ".") -> dict:
     spec = yaml.safe_load(path.read_text()) or {}
     params = dict(spec.get("defaults") or {})
     params.update((spec.get("notebooks") or {}).get(stem) or {})
-    return params
+    return check_parameters(params, stem)          # JSON values only (suite.params): refused before any notebook runs
 
 
 def kernel_name() -> str:
@@ -102,6 +103,8 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
                  timeout: int = 1800, env: dict[str, str] | None = None) -> NotebookRun:
     """Execute one notebook with papermill; never raises for a notebook failure.
 
+    params: JSON values only (`suite.params.check`); anything else is a TypeError before anything is written or run.
+
     env: variables the notebook's kernel process runs with (for example `cpuconfig.environment("alt")`);
     set in this process only while papermill starts the kernel and runs it, then restored. OMP_NUM_THREADS,
     unless given or already set, is the cores idle when the notebook starts (`suite.threads.choose`: a busy
@@ -110,6 +113,7 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
     import papermill as pm
 
     from . import threads
+    parameters = check_parameters(dict(params or {}), path.stem)     # before anything is written or run
     env = dict(env or {})
     env.setdefault("OMP_NUM_THREADS", str(threads.choose()))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +121,6 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
     executed = out_dir / path.name
     metrics_path = out_dir / f"{path.stem}.metrics.json"
     metrics_path.unlink(missing_ok=True)
-    parameters = dict(params or {})
     parameters.update(figures_dir=str(figures_dir.resolve()), metrics_path=str(metrics_path.resolve()))
     t0 = time.perf_counter()
     saved = {k: os.environ.get(k) for k in (env or {})}

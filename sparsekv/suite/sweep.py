@@ -43,6 +43,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .params import check as check_parameters
+
 INJECTED = ("figures_dir", "metrics_path")       # set by the runner for every cell, never by a grid
 SOURCE_SUFFIXES = {".py", ".cpp", ".h", ".cu", ".cuh"}
 
@@ -80,6 +82,7 @@ class Grid:
             cells.append(dict(base, **c))
         if not cells:
             raise ValueError("grid has no cells: give params (lists, their product is taken) or cells")
+        cells = [check_parameters(c, f"grid cell {i}") for i, c in enumerate(cells)]    # JSON values (suite.params)
         seen, unique = set(), []
         for c in cells:
             k = json.dumps(c, sort_keys=True)
@@ -127,10 +130,11 @@ def _type_ok(default, value) -> bool:
 
 
 def validate(grid: Grid, notebook: str | Path) -> None:
-    """Raise before anything runs if a cell names a parameter the notebook lacks, sets an injected one, or gives
-    a value of another type than the notebook's default."""
+    """Raise before anything runs if a cell holds a value that is not JSON (`suite.params`), names a parameter the
+    notebook lacks, sets an injected one, or gives a value of another type than the notebook's default."""
     defaults = notebook_parameters(notebook)
     for i, cell in enumerate(grid.cells):
+        check_parameters(cell, f"cell {i} ({Path(notebook).stem})")        # JSON values, at every depth (suite.params)
         for name, value in cell.items():
             if name in INJECTED:
                 raise ValueError(f"cell {i}: {name} is set by the sweep itself (each cell's own folder)")
