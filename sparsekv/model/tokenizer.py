@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import cache_folder
+from .fetch import sha256_file
+
 SPACE = "\u2581"          # SentencePiece's escaped space, "▁"
 
 
@@ -92,18 +95,34 @@ class GGUFTokenizer:
         self.chat_template = None
 
     @classmethod
-    def from_gguf(cls, path: str | Path, cache: Path | None = None) -> "GGUFTokenizer":
-        """From a GGUF file; `cache`: where to keep the built model proto (read back instead of rebuilding)."""
+    def from_gguf(cls, path: str | Path, cache: bool = False) -> "GGUFTokenizer":
+        """From a GGUF file. cache=True keeps the built model proto in `sentencepiece-<sha256>/` beside the file
+        (the file's full sha256; `model.cache_folder`: published whole with a manifest, so a reader never sees a
+        partial file, and a folder whose manifest does not vouch for it is a ValueError) and reads it back from
+        there instead of rebuilding it."""
+        if not isinstance(cache, bool):
+            raise TypeError(f"cache must be a bool (the cache folder is sentencepiece-<sha256> beside the file), "
+                            f"got {type(cache).__name__}")
         path = Path(path)
-        if cache is not None and (cache / "tokenizer.model").is_file() and (cache / "tokenizer.ids").is_file():
-            bos, eos, add_bos = (int(x) for x in (cache / "tokenizer.ids").read_text().split())
-            return cls((cache / "tokenizer.model").read_bytes(), bos, eos, bool(add_bos), path.name)
+        if cache:
+            digest = sha256_file(path)
+            folder = cache_folder.path(path, "sentencepiece", digest)
+            if folder.exists() or folder.is_symlink():
+                cache_folder.check(folder, digest)
+                ids = (folder / "tokenizer.ids").read_text().split()
+                if len(ids) != 3 or not all(x.lstrip("-").isdigit() for x in ids):
+                    raise ValueError(f"{folder / 'tokenizer.ids'} must hold three integers (bos eos add_bos), got "
+                                     f"{' '.join(ids)[:80]!r}")
+                bos, eos, add_bos = (int(x) for x in ids)
+                return cls((folder / "tokenizer.model").read_bytes(), bos, eos, bool(add_bos), path.name)
         vocab = _gguf_vocab(path)
         proto = build_model_proto(vocab)
-        if cache is not None:
-            cache.mkdir(parents=True, exist_ok=True)
-            (cache / "tokenizer.model").write_bytes(proto)
-            (cache / "tokenizer.ids").write_text(f"{vocab['bos']} {vocab['eos']} {int(vocab['add_bos'])}")
+        if cache:
+            def write(out: Path) -> None:
+                (out / "tokenizer.model").write_bytes(proto)
+                (out / "tokenizer.ids").write_text(f"{vocab['bos']} {vocab['eos']} {int(vocab['add_bos'])}")
+
+            cache_folder.publish(folder, path, digest, write)
         return cls(proto, vocab["bos"], vocab["eos"], vocab["add_bos"], path.name)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
