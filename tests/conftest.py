@@ -101,13 +101,49 @@ def feed_last_against_all(eng, model, seq, ids, router=None):
     return a, b
 
 
+# Seconds each test took in a recorded `make test` (nodeid -> call + setup + teardown), to start the longest work
+# first: `SPARSEKV_RECORD_DURATIONS=tests/durations.json make test` rewrites it. Stale or missing entries only change
+# the order in which tests start, never what runs or what passes.
+DURATIONS = REPO / "tests" / "durations.json"
+
+
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's loadgroup schedule each test module runs whole on one worker, so a module-scoped fixture
     (a loaded model, a prefilled engine, a Ray session) is built once; the notebook runs in test_notebooks.py, most
-    of the suite's time, are spread one by one. Without xdist the marks do nothing."""
+    of the suite's time, are spread one by one. Without xdist the marks do nothing.
+
+    The units (a module, or one notebook run) are then ordered longest first by their recorded seconds (DURATIONS):
+    xdist hands out units in collection order, so the long ones no longer start last on one worker while the other
+    idles (longest-processing-time-first). Tests keep their order inside a module."""
+    import json
     for item in items:
         if item.path.name != "test_notebooks.py":
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    unit = lambda item: item.nodeid if item.path.name == "test_notebooks.py" else item.path.stem
+    total: dict[str, float] = {}
+    for item in items:
+        total[unit(item)] = total.get(unit(item), 0.0) + seconds.get(item.nodeid, 1.0)
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(unit(item), i)
+    items.sort(key=lambda item: (-total[unit(item)], first[unit(item)]))
+
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Sum each test's phases (under xdist this runs on the controller, which receives every worker's reports)."""
+    if os.environ.get("SPARSEKV_RECORD_DURATIONS"):
+        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("SPARSEKV_RECORD_DURATIONS")
+    if path and _durations and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import json
+        Path(path).write_text(json.dumps({k: round(v, 2) for k, v in sorted(_durations.items())}, indent=0) + "\n")
 
 
 @pytest.fixture
