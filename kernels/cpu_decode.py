@@ -19,7 +19,12 @@ It is registered with `torch.library` as `torch.ops.sparsekv_cpu.paged_decode` (
 `$XDG_CACHE_HOME/sparsekv/torch_extensions` (default `~/.cache/...`) for an installed package, or into
 `SPARSEKV_EXT_DIR` when set; its name carries a hash of every source, header and flag and of the CPU, so an
 edit rebuilds and a build is never loaded on another CPU. If the build fails, `load()` returns None after
-one warning that names the reason, and the torch path runs instead.
+one warning that names the reason, and the torch path runs instead. So it does, without building or loading
+anything, when the folder or the library already in it could hold another user's code: writable by the group
+or by everyone, or owned by another uid than this process's (loading a library runs its code).
+
+Every operator checks its arguments before its loops (`cpu/checks.h`): shapes, dtypes, contiguity, non-empty
+sizes, and every index against the range it addresses, raising ValueError (TypeError for a dtype) through torch.
 
 Flags: -O3, OpenMP, `-march=$SPARSEKV_CPU_ARCH` (default `native`; `x86-64-v3` is what an AVX2 machine
 builds, `x86-64` a build with neither AVX2 nor FMA), and -ffp-contract=off without -ffast-math: with the
@@ -27,12 +32,14 @@ fixed reduction order and exp of `cpu/simd.h`, every -march gives the same bits,
 count (`splits_for` reads no thread count). tests/test_cpu_kernel.py checks both.
 
 Shapes: q [Hq, D] float32; k, v [H, NB, bs, D] contiguous (one layer, head-major) float32 or bfloat16;
-table [nb] int64; blocks [H, K] int64 logical ids per head, -1 for padding (skipped).
+table [nb] int64 physical ids in [0, NB); blocks [H, K] int64 logical ids per head in [0, nb), -1 for padding
+(skipped).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 import warnings
 from pathlib import Path
@@ -43,7 +50,7 @@ _DIR = Path(__file__).resolve().parent / "cpu"
 _SOURCE = _DIR / "paged_decode.cpp"
 _SOURCES = (_SOURCE, _DIR / "route.cpp", _DIR / "qlinear.cpp", _DIR / "decode_layer.cpp",
             _DIR / "prefill_attn.cpp", _DIR / "register.cpp")
-_HEADERS = (_DIR / "simd.h",)
+_HEADERS = (_DIR / "simd.h", _DIR / "checks.h")
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -93,13 +100,29 @@ def _name() -> str:
     return f"sparsekv_cpu_{h.hexdigest()[:12]}"
 
 
+def _refuse_shared(path: Path) -> None:
+    """PermissionError unless only this user can write `path` (the extension folder, or a library in it): it must
+    be owned by this process's uid and be neither group- nor world-writable. POSIX only (elsewhere no uid)."""
+    if not hasattr(os, "getuid"):
+        return
+    st, uid = path.stat(), os.getuid()
+    if st.st_uid != uid:
+        raise PermissionError(f"{path} is owned by uid {st.st_uid}, not by this user (uid {uid}); not loaded: "
+                              "set SPARSEKV_EXT_DIR to a folder of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); not loaded: "
+                              "`chmod go-w` it or set SPARSEKV_EXT_DIR to a folder of your own")
+
+
 def _load_built(d: Path, name: str) -> bool:
     """Load an already-built library directly: no compiler, no ninja run and no lock file, which
     cpp_extension.load takes in every new process (a process killed while holding it would leave every
-    later one waiting). False if there is none, or it does not load (a build cut short)."""
+    later one waiting). False if there is none, or it does not load (a build cut short); PermissionError if
+    another user could have written it (`_refuse_shared`)."""
     so = d / f"{name}.so"
     if not so.is_file():
         return False
+    _refuse_shared(so)
     try:
         torch.ops.load_library(str(so))
     except OSError:
@@ -108,7 +131,8 @@ def _load_built(d: Path, name: str) -> bool:
 
 
 def load():
-    """The compiled operator (torch.ops.sparsekv_cpu.paged_decode), or None if it cannot be built."""
+    """The compiled operator (torch.ops.sparsekv_cpu.paged_decode), or None if it cannot be built or its folder
+    is not private to this user (`_refuse_shared`)."""
     with _lock:
         if "op" in _state:
             return _state["op"]
@@ -119,15 +143,18 @@ def load():
             try:
                 from torch.utils import cpp_extension
                 d, name = build_dir(), _name()
-                d.mkdir(parents=True, exist_ok=True)
+                d.mkdir(mode=0o755, parents=True, exist_ok=True)          # not group-writable under umask 002
+                _refuse_shared(d)
                 if not _load_built(d, name):
                     cpp_extension.load(name=name, sources=[str(p) for p in _SOURCES], build_directory=str(d),
                                        extra_cflags=cflags(), extra_ldflags=["-fopenmp"], is_python_module=False,
                                        verbose=False)
+                    so = d / f"{name}.so"                  # the linker's mode follows the umask: keep it ours alone
+                    so.chmod(stat.S_IMODE(so.stat().st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
                 op = torch.ops.sparsekv_cpu.paged_decode
-            except Exception as exc:          # a missing compiler, headers or OpenMP: fall back, say why once
+            except Exception as exc:      # no compiler, headers or OpenMP, or a shared folder: fall back, say why once
                 _state["reason"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-                warnings.warn(f"sparsekv: the fused CPU decode kernel could not be built ({_state['reason']}); "
+                warnings.warn(f"sparsekv: the fused CPU decode kernel could not be built or loaded ({_state['reason']}); "
                               "decode runs on the torch path", RuntimeWarning, stacklevel=2)
         _state["op"] = op
         return op
@@ -152,24 +179,34 @@ def splits_for(num_heads: int, width: int) -> int:
     return max(1, min(-(-SPLIT_ITEMS // num_heads), width // 4 or 1))
 
 
+def _ops(**tensors):
+    """torch.ops.sparsekv_cpu, once the arguments meant to be tensors are (a TypeError naming the first that is not).
+    Everything else about them the operators check themselves (`cpu/checks.h`): one place for each check."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if load() is None:
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
+    return torch.ops.sparsekv_cpu
+
+
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, blocks: torch.Tensor,
                  num_tokens: int, splits: int | None = None, min_token: int = 0):
     """(out [Hq, D] float32, lse [Hq] float32); see the module docstring for shapes. `min_token`: the first token
-    attended (a sliding window's start): earlier rows of the selected blocks weigh 0."""
-    op = load()
-    if op is None:
-        raise RuntimeError(f"the fused CPU decode kernel is unavailable: {reason()}")
-    if splits is None:
-        splits = splits_for(k.shape[0], blocks.shape[1])
-    return op(q, k, v, table, blocks, num_tokens, splits, min_token)
+    attended (a sliding window's start): earlier rows of the selected blocks weigh 0. Table entries must lie in
+    [0, NB), block ids in [-1, nb), num_tokens in [1, nb * bs], min_token in [0, num_tokens), splits >= 1: the
+    operator raises ValueError (TypeError for a dtype) otherwise."""
+    ops = _ops(q=q, k=k, v=v, table=table, blocks=blocks)
+    if splits is None:                  # a k or blocks the operator refuses gets 1 here and its message there
+        H, K = (k.shape[0], blocks.shape[1]) if k.dim() == 4 and blocks.dim() == 2 else (0, 0)
+        splits = splits_for(H, K) if H > 0 and K > 0 else 1
+    return ops.paged_decode(q, k, v, table, blocks, num_tokens, splits, min_token)
 
 
 def minmax_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Quest's bound [H, G, nb] float32 for q [Hq, D] float32 over one layer's head-major summaries
     kmin, kmax [H, NB, D] (float32 or bfloat16, read in place) at the blocks of `table` [nb]."""
-    if load() is None:
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
-    return torch.ops.sparsekv_cpu.minmax_scores(q, kmin, kmax, table)
+    return _ops(q=q, kmin=kmin, kmax=kmax, table=table).minmax_scores(q, kmin, kmax, table)
 
 
 def route_topk(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, table: torch.Tensor, kind: int, top_k: int,
@@ -178,9 +215,7 @@ def route_topk(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, table: torch.T
     a, b [H, NB, D] at the blocks of `table` [nb] (kind 0: minmax over a = kmin, b = kmax; kind 1: mean,
     q . a), softmax per query head, the group's mean, then the top `top_k` with the first `sink` and
     last `local` blocks forced in. Returns (blocks [H, min(top_k, nb)] int64 ascending, mass [H, nb])."""
-    if load() is None:
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
-    blocks, mass = torch.ops.sparsekv_cpu.route_topk(q, a, b, table, kind, top_k, sink, local)
+    blocks, mass = _ops(q=q, a=a, b=b, table=table).route_topk(q, a, b, table, kind, top_k, sink, local)
     return blocks, mass
 
 
@@ -191,9 +226,7 @@ def qlinear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: t
     [N, K]) with scale and offset (offset may be empty) float32 [N, K / group], or factored as the K-quants store
     them (uint8 [N, K / group + 4 K / 256]: int8 multipliers, then a float32 per 256 weights):
     w = fma(code, scale, offset)."""
-    if load() is None:
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
-    return torch.ops.sparsekv_cpu.qlinear(x, codes, scale, offset, bits, group)
+    return _ops(x=x, codes=codes, scale=scale, offset=offset).qlinear(x, codes, scale, offset, bits, group)
 
 
 def qlinear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int,
@@ -201,25 +234,19 @@ def qlinear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset
     """y [M, N] float32 = q8(x) . W^T for W of 8-bit codes int8 [N, K] in groups of 32 with no offset (GGUF's Q8_0):
     x [M, K] float32 (finite) quantised first per 32 values as `quantize_q8` does, then integer dot products
     scaled per group (`cpu/qlinear.cpp`), as llama.cpp's own Q8_0 dot products are."""
-    if load() is None:
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
-    return torch.ops.sparsekv_cpu.qlinear_q8(x, codes, scale, offset, bits, group)
+    return _ops(x=x, codes=codes, scale=scale, offset=offset).qlinear_q8(x, codes, scale, offset, bits, group)
 
 
 def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] float32 (K a multiple of 32, finite) -> (q int8 [M, K], d float32 [M, K / 32]): per 32 values,
     d = max|x| / 127 and q = nearbyint(x * (1 / d)), 0 where d = 0; |q| <= 127 and x ~ q * d."""
-    if load() is None:
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
-    q, d = torch.ops.sparsekv_cpu.quantize_q8(x)
+    q, d = _ops(x=x).quantize_q8(x)
     return q, d
 
 
 def qdequant(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     """W [N, K] float32 from the layout of `qlinear` (the same fma per weight)."""
-    if load() is None:
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason()}")
-    return torch.ops.sparsekv_cpu.qdequant(codes, scale, offset, bits, group)
+    return _ops(codes=codes, scale=scale, offset=offset).qdequant(codes, scale, offset, bits, group)
 
 
 def bf16_prefill_available() -> bool:

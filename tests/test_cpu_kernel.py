@@ -134,7 +134,7 @@ def test_bad_calls_and_fallbacks():
     q64 = torch.randn(4, 64, dtype=torch.float64)
     assert torch.equal(sk.dense_attention(q64, store, seq, 0, backend="cpp"),
                        sk.dense_attention(q64, store, seq, 0, backend="torch"))
-    with pytest.raises(RuntimeError, match="q must be"):
+    with pytest.raises(TypeError, match="q must be float32"):            # the operator's own check (cpu/checks.h)
         cpu_decode.paged_decode(torch.randn(4, 64, dtype=torch.float64), store.k[0].transpose(0, 1),
                                 store.v[0].transpose(0, 1), store.block_table(seq), decode.all_blocks(store, seq), 40)
 

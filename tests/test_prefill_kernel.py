@@ -144,13 +144,14 @@ def test_strided_inputs_give_what_contiguous_ones_give():
 
 
 def test_the_operator_itself_refuses_what_the_wrapper_refuses():
-    """The C++ checks hold without the Python wrapper in front of them (RuntimeError: torch's for an operator)."""
+    """The C++ checks hold without the Python wrapper in front of them (ValueError, TypeError for a dtype:
+    TORCH_CHECK_VALUE and TORCH_CHECK_TYPE)."""
     q, k, v = case(8, 20, 4, 2, 64, seed=2)
     op = torch.ops.sparsekv_cpu.prefill_attn_bf16
     for args in ((q.float(), k, v, 12, 0, 0, 0.125), (q, k, v[:10], 12, 0, 0, 0.125),
                  (q[..., :40], k[..., :40], v[..., :40], 12, 0, 0, 0.125), (q, k, v, 13, 0, 0, 0.125),
                  (q, k, v, 12, 0, -1, 0.125)):
-        with pytest.raises(RuntimeError, match="prefill_attn_bf16"):
+        with pytest.raises((ValueError, TypeError), match="prefill_attn_bf16"):
             op(*args)
 
 

@@ -36,6 +36,7 @@
 #include <limits>
 #include <vector>
 
+#include "checks.h"
 #include "simd.h"
 
 namespace {
@@ -251,25 +252,55 @@ void merge(const float* m, const float* l, const float* acc, int64_t H, int64_t 
 
 }  // namespace
 
+void check_paged_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                        int64_t num_tokens, int64_t splits, int64_t min_token, const char* op) {
+  TORCH_CHECK_VALUE(q.dim() == 2 && q.is_contiguous(), op, ": q must be a contiguous [Hq, D] tensor, got shape ",
+                    q.sizes());
+  TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat, op, ": q must be float32, got ", q.scalar_type());
+  TORCH_CHECK_VALUE(k.dim() == 4 && k.sizes() == v.sizes() && k.is_contiguous() && v.is_contiguous(), op,
+                    ": k and v must be contiguous [H, NB, bs, D] tensors of one shape, got ", k.sizes(), " and ",
+                    v.sizes());
+  TORCH_CHECK_TYPE(k.scalar_type() == v.scalar_type() &&
+                       (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
+                   op, ": k and v must both be float32 or both bfloat16, got ", k.scalar_type(), " and ",
+                   v.scalar_type());
+  const int64_t H = k.size(0), NB = k.size(1), bs = k.size(2), D = k.size(3);
+  TORCH_CHECK_VALUE(H > 0 && NB > 0 && bs > 0 && D > 0, op, ": k and v must have no empty dimension, got ",
+                    k.sizes());
+  TORCH_CHECK_VALUE(q.size(0) > 0 && q.size(0) % H == 0 && q.size(1) == D, op,
+                    ": q must be [H * G, D] with H = ", H, ", G >= 1 and D = ", D, ", got ", q.sizes());
+  TORCH_CHECK_VALUE(table.dim() == 1 && table.is_contiguous() && table.numel() > 0, op,
+                    ": table must be a contiguous [nb] tensor with nb >= 1, got shape ", table.sizes());
+  TORCH_CHECK_TYPE(table.scalar_type() == at::kLong, op, ": table must be int64, got ", table.scalar_type());
+  skv::check_range(table, 0, NB, op, "table", "the pool's physical blocks, NB = k.size(1)");
+  const int64_t nb = table.numel();
+  TORCH_CHECK_VALUE(num_tokens >= 1 && (num_tokens - 1) / bs < nb, op, ": num_tokens must be in [1, nb * bs] = [1, ",
+                    nb * bs, "] (the table's capacity), got ", num_tokens);
+  TORCH_CHECK_VALUE(min_token >= 0 && min_token < num_tokens, op, ": min_token must be in [0, num_tokens) = [0, ",
+                    num_tokens, "), got ", min_token);
+  TORCH_CHECK_VALUE(splits >= 1, op, ": splits must be >= 1, got ", splits);
+}
+
+void check_blocks(const at::Tensor& blocks, int64_t H, int64_t nb, const char* op) {
+  TORCH_CHECK_VALUE(blocks.dim() == 2 && blocks.is_contiguous() && blocks.size(0) == H && blocks.size(1) > 0, op,
+                    ": blocks must be a contiguous [H, K] tensor with H = ", H, " and K >= 1, got shape ",
+                    blocks.sizes());
+  TORCH_CHECK_TYPE(blocks.scalar_type() == at::kLong, op, ": blocks must be int64, got ", blocks.scalar_type());
+  skv::check_range(blocks, -1, nb, op, "blocks", "the table's logical blocks, nb = table.numel(), or -1 padding");
+}
+
 // q [Hq, D] float32; k, v [H, NB, bs, D] (one layer, head-major, contiguous) float32 or bfloat16;
-// table [nb] int64 physical ids in logical order; blocks [H, K] int64 logical ids per head, -1 for
-// padding (dense: every block); num_tokens N; splits S per head; min_token: the first token attended (a sliding
-// window's start; 0 for global attention).
+// table [nb] int64 physical ids in logical order, each in [0, NB); blocks [H, K] int64 logical ids per head in
+// [0, nb), -1 for padding (dense: every block); num_tokens N in [1, nb * bs]; splits S >= 1 per head (more than
+// K leave empty splits: K are run, the same bits); min_token in [0, N): the first token attended (a sliding
+// window's start; 0 for global attention). Every argument is checked first (checks.h).
 // Returns out [Hq, D] float32 and lse [Hq] float32 (a head with nothing to read: out 0, lse -inf).
 std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table,
                                         at::Tensor blocks, int64_t num_tokens, int64_t splits, int64_t min_token) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [Hq, D] float32");
-  TORCH_CHECK(k.dim() == 4 && k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes(),
-              "k and v must be contiguous [H, NB, bs, D]");
-  TORCH_CHECK(k.scalar_type() == v.scalar_type() &&
-                  (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
-              "k and v must be float32 or bfloat16");
-  TORCH_CHECK(table.scalar_type() == at::kLong && blocks.scalar_type() == at::kLong &&
-                  table.is_contiguous() && blocks.is_contiguous(), "table and blocks must be contiguous int64");
+  check_paged_decode(q, k, v, table, num_tokens, splits, min_token, "paged_decode");
+  check_blocks(blocks, k.size(0), table.numel(), "paged_decode");
   const int64_t H = k.size(0), NB = k.size(1), bs = k.size(2), D = k.size(3);
-  TORCH_CHECK(q.size(1) == D && q.size(0) % H == 0, "q must be [H * G, D]");
-  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) == H, "blocks must be [H, K]");
-  const int64_t G = q.size(0) / H, K = blocks.size(1), S = std::max<int64_t>(1, splits);
+  const int64_t G = q.size(0) / H, K = blocks.size(1), S = std::min(splits, K);
   const int64_t P = (D + 2 * kLanes - 1) / (2 * kLanes);
   const Dims d{D, P, P * 2 * kLanes, bs, static_cast<int>(D - (P - 1) * 2 * kLanes)};
   auto f32 = at::TensorOptions().dtype(at::kFloat);

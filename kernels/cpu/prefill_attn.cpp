@@ -28,8 +28,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "simd.h"
@@ -176,15 +178,23 @@ bool bf16_prefill_available() { return SPARSEKV_BF16DP; }
 // window: 0 (causal) or w > 0 (key visible to query iff 0 <= q_pos - k_pos < w). Returns [T, Hq, D] float32.
 at::Tensor prefill_attn_bf16(at::Tensor q, at::Tensor k, at::Tensor v, int64_t q0, int64_t k0, int64_t window,
                              double scale) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "prefill_attn_bf16: q, k, v must be 3-d");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
-                  v.scalar_type() == at::kBFloat16, "prefill_attn_bf16: q, k, v must be bfloat16");
-  TORCH_CHECK(k.sizes() == v.sizes(), "prefill_attn_bf16: k and v must have one shape");
+  TORCH_CHECK_VALUE(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "prefill_attn_bf16: q, k, v must be 3-d");
+  TORCH_CHECK_TYPE(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
+                       v.scalar_type() == at::kBFloat16, "prefill_attn_bf16: q, k, v must be bfloat16");
+  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "prefill_attn_bf16: k and v must have one shape");
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), N = k.size(0), H = k.size(1);
-  TORCH_CHECK(k.size(2) == D && H > 0 && Hq % H == 0, "prefill_attn_bf16: q's heads must be a multiple of k's");
-  TORCH_CHECK(D % 32 == 0, "prefill_attn_bf16: head dim must be a multiple of 32, got ", D);
-  TORCH_CHECK(window >= 0 && k0 >= 0 && q0 >= k0 && q0 + T <= k0 + N,
-              "prefill_attn_bf16: the queries' positions must lie within the keys'");
+  TORCH_CHECK_VALUE(T > 0 && Hq > 0 && D > 0, "prefill_attn_bf16: q must be non-empty [T, Hq, D], got ", q.sizes());
+  TORCH_CHECK_VALUE(k.size(2) == D && H > 0 && Hq % H == 0, "prefill_attn_bf16: q's heads must be a multiple of k's");
+  TORCH_CHECK_VALUE(D % 32 == 0, "prefill_attn_bf16: head dim must be a multiple of 32, got ", D);
+  // without an overflow: q0 - k0 and N - T are differences of non-negative values, and k0 + N (the last key's
+  // position + 1, above every position the loops form) is representable
+  TORCH_CHECK_VALUE(window >= 0, "prefill_attn_bf16: window must be >= 0 (0: causal), got ", window);
+  TORCH_CHECK_VALUE(k0 >= 0 && q0 >= k0 && q0 - k0 <= N - T &&
+                        k0 <= std::numeric_limits<int64_t>::max() - N,
+                    "prefill_attn_bf16: the queries' positions must lie within the keys' (0 <= k0 <= q0, q0 + T <= k0 "
+                    "+ N), got q0 ", q0, ", k0 ", k0, ", T ", T, ", N ", N);
+  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, "prefill_attn_bf16: scale must be positive and finite, got ",
+                    scale);
 #if !SPARSEKV_BF16DP
   TORCH_CHECK(false, "prefill_attn_bf16: built without AVX512-BF16 (bf16_prefill_available() is false)");
   return q;

@@ -55,6 +55,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "checks.h"
 #include "simd.h"
 
 namespace {
@@ -454,51 +455,68 @@ void rows_q8u(const QWeight& w, const int8_t* q, const int32_t* q16, const float
 Table table(const at::Tensor& t, const char* name, int64_t N, int64_t K, int64_t group) {
   Table tab;
   tab.groups = K / group;
-  TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.size(0) == N,
-              "qlinear: ", name, " must be a contiguous 2-D tensor with N = ", N, " rows");
+  TORCH_CHECK_VALUE(t.dim() == 2 && t.is_contiguous() && t.size(0) == N,
+                    "qlinear: ", name, " must be a contiguous 2-D tensor with N = ", N, " rows, got shape ", t.sizes());
   if (t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf) {
-    TORCH_CHECK(t.size(1) == tab.groups, "qlinear: a float32 or float16 ", name, " must be [N, K / group] = [", N,
-                ", ", tab.groups, "], got ", t.sizes());
+    TORCH_CHECK_VALUE(t.size(1) == tab.groups, "qlinear: a float32 or float16 ", name, " must be [N, K / group] = [",
+                      N, ", ", tab.groups, "], got ", t.sizes());
     if (t.scalar_type() == at::kFloat) tab.plain = t.data_ptr<float>();
     else tab.half = reinterpret_cast<const uint16_t*>(t.data_ptr());
     tab.row = tab.groups;
     return tab;
   }
-  TORCH_CHECK(t.scalar_type() == at::kByte, "qlinear: ", name,
-              " must be float32 (plain), float16 (half) or uint8 (factored), got ", t.scalar_type());
-  TORCH_CHECK(K % 256 == 0, "qlinear: a factored ", name, " needs K a multiple of 256, got ", K);
-  TORCH_CHECK(t.size(1) == tab.groups + 4 * (K / 256), "qlinear: a factored ", name,
-              " must be uint8 [N, K / group + 4 K / 256] = [", N, ", ", tab.groups + 4 * (K / 256), "], got ",
-              t.sizes());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte, "qlinear: ", name,
+                   " must be float32 (plain), float16 (half) or uint8 (factored), got ", t.scalar_type());
+  TORCH_CHECK_VALUE(K % 256 == 0, "qlinear: a factored ", name, " needs K a multiple of 256, got ", K);
+  TORCH_CHECK_VALUE(t.size(1) == tab.groups + 4 * (K / 256), "qlinear: a factored ", name,
+                    " must be uint8 [N, K / group + 4 K / 256] = [", N, ", ", tab.groups + 4 * (K / 256), "], got ",
+                    t.sizes());
   tab.bytes = static_cast<const uint8_t*>(t.data_ptr()), tab.row = t.size(1), tab.per_super = 256 / group;
   return tab;
 }
 
 QWeight check(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset, int64_t bits,
               int64_t group) {
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "qlinear: bits must be 4, 5, 6 or 8, got ", bits);
-  TORCH_CHECK(group == 32 || (bits >= 6 && group == 16), "qlinear: group must be 32 (or 16 with 6 or 8 bits), got ",
-              group);
-  TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous(), "qlinear: codes must be a contiguous [N, K'] tensor");
-  TORCH_CHECK(codes.scalar_type() == (bits == 8 ? at::kChar : at::kByte), "qlinear: codes must be ",
-              bits == 8 ? "int8" : "uint8", ", got ", codes.scalar_type());
+  TORCH_CHECK_VALUE(bits == 4 || bits == 5 || bits == 6 || bits == 8, "qlinear: bits must be 4, 5, 6 or 8, got ",
+                    bits);
+  TORCH_CHECK_VALUE(group == 32 || (bits >= 6 && group == 16),
+                    "qlinear: group must be 32 (or 16 with 6 or 8 bits), got ", group);
+  TORCH_CHECK_VALUE(codes.dim() == 2 && codes.is_contiguous() && codes.size(0) > 0 && codes.size(1) > 0,
+                    "qlinear: codes must be a contiguous non-empty [N, K'] tensor, got shape ", codes.sizes());
+  TORCH_CHECK_TYPE(codes.scalar_type() == (bits == 8 ? at::kChar : at::kByte), "qlinear: codes must be ",
+                   bits == 8 ? "int8" : "uint8", ", got ", codes.scalar_type());
   const int64_t N = codes.size(0), row = codes.size(1);
   const int64_t K = bits == 4 ? row * 2 : bits == 5 ? row * 8 / 5 : bits == 6 ? row * 4 / 3 : row;
-  TORCH_CHECK(K % 32 == 0 && K * bits == row * 8, "qlinear: K must be a multiple of 32, got codes ", codes.sizes(),
-              " for ", bits, " bits");
+  TORCH_CHECK_VALUE(K % 32 == 0 && K * bits == row * 8, "qlinear: K must be a multiple of 32, got codes ",
+                    codes.sizes(), " for ", bits, " bits");
   QWeight w{static_cast<const uint8_t*>(codes.data_ptr()), table(scale, "scale", N, K, group), Table{}, N, K, row,
             static_cast<int>(bits), static_cast<int>(group)};
   if (offset.numel() > 0) w.offset = table(offset, "offset", N, K, group);
   return w;
 }
 
+// qlinear_q8's own rule: 8-bit codes only as GGUF's Q8_0 (rows_q8 has no offset term and one scale per 32).
+void check_q8(int64_t bits, int64_t group, const at::Tensor& offset) {
+  TORCH_CHECK_VALUE(bits != 8 || (group == 32 && offset.numel() == 0),
+                    "qlinear_q8: 8-bit codes need groups of 32 and no offset (GGUF's Q8_0), got group ", group,
+                    " and an offset of ", offset.numel(), " values");
+}
+
 }  // namespace
+
+std::pair<int64_t, int64_t> check_qlinear(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset,
+                                          int64_t bits, int64_t group, bool q8) {
+  if (q8) check_q8(bits, group, offset);
+  const QWeight w = check(codes, scale, offset, bits, group);
+  return {w.N, w.K};
+}
 
 at::Tensor qlinear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits,
                    int64_t group) {
   const QWeight w = check(codes, scale, offset, bits, group);
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == w.K,
-              "qlinear: x must be float32 [M, K] with K = ", w.K);
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "qlinear: x must be float32, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == w.K, "qlinear: x must be [M, K] with K = ", w.K, ", got ",
+                    x.sizes());
   x = x.contiguous();
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, w.N}, x.options());
@@ -537,12 +555,11 @@ at::Tensor qdequant(at::Tensor codes, at::Tensor scale, at::Tensor offset, int64
 // y [M, N] = q8(x) W^T for 8-bit codes in groups of 32 with no offset (file comment); x float32 [M, K], finite.
 at::Tensor qlinear_q8(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t bits,
                       int64_t group) {
-  TORCH_CHECK(bits != 8 || (group == 32 && offset.numel() == 0),
-              "qlinear_q8: 8-bit codes need groups of 32 and no offset (GGUF's Q8_0), got group ", group,
-              " and an offset of ", offset.numel(), " values");
+  check_q8(bits, group, offset);
   const QWeight w = check(codes, scale, offset, bits, group);
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == w.K,
-              "qlinear_q8: x must be float32 [M, K] with K = ", w.K);
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "qlinear_q8: x must be float32, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == w.K, "qlinear_q8: x must be [M, K] with K = ", w.K, ", got ",
+                    x.sizes());
   x = x.contiguous();
   const int64_t M = x.size(0), groups = w.K / kQ8;
   at::Tensor q = at::empty({M, w.K}, x.options().dtype(at::kChar));
@@ -551,8 +568,8 @@ at::Tensor qlinear_q8(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tens
   int8_t* qp = q.data_ptr<int8_t>();
   float* dp = d.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m)
-    TORCH_CHECK(quantize_q8(xp + m * w.K, w.K, qp + m * w.K, dp + m * groups),
-                "qlinear_q8: x must be finite (row ", m, " is not)");
+    TORCH_CHECK_VALUE(quantize_q8(xp + m * w.K, w.K, qp + m * w.K, dp + m * groups),
+                      "qlinear_q8: x must be finite (row ", m, " is not)");
   at::Tensor y = at::empty({M, w.N}, x.options());
   float* yp = y.data_ptr<float>();
   if (bits != 8) {
@@ -609,15 +626,16 @@ at::Tensor qlinear_q8(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tens
 
 // x [M, K] (K a multiple of 32) -> (q int8 [M, K], d float32 [M, K / 32]): qlinear_q8's activations, for tests.
 std::vector<at::Tensor> quantize_q8_rows(at::Tensor x) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) % kQ8 == 0,
-              "quantize_q8: x must be float32 [M, K] with K a multiple of 32");
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "quantize_q8: x must be float32, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) > 0 && x.size(1) % kQ8 == 0,
+                    "quantize_q8: x must be [M, K] with K a positive multiple of 32, got ", x.sizes());
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({M, K / kQ8}, x.options());
   for (int64_t m = 0; m < M; ++m)
-    TORCH_CHECK(quantize_q8(x.data_ptr<float>() + m * K, K, q.data_ptr<int8_t>() + m * K,
-                            d.data_ptr<float>() + m * (K / kQ8)),
-                "quantize_q8: x must be finite (row ", m, " is not)");
+    TORCH_CHECK_VALUE(quantize_q8(x.data_ptr<float>() + m * K, K, q.data_ptr<int8_t>() + m * K,
+                                  d.data_ptr<float>() + m * (K / kQ8)),
+                      "quantize_q8: x must be finite (row ", m, " is not)");
   return {q, d};
 }

@@ -25,6 +25,7 @@
 #include <numeric>
 #include <vector>
 
+#include "checks.h"
 #include "simd.h"
 
 namespace {
@@ -156,7 +157,10 @@ void top_blocks(const float* mass, int64_t nb, int64_t K, int64_t sink, int64_t 
                 std::vector<float>& key, int64_t* out) {
   key.resize(nb);
   idx.resize(nb);
-  for (int64_t j = 0; j < nb; ++j) key[j] = (j < sink || j >= nb - local) ? 2.f : mass[j];   // mass <= 1
+  // mass <= 1, so a forced block's key 2 ranks it first; a NaN mass (NaN or infinite inputs) ranks last, so that
+  // `better` stays a strict weak order (with a NaN key nth_element's unguarded loops can run off the array)
+  for (int64_t j = 0; j < nb; ++j)
+    key[j] = (j < sink || j >= nb - local) ? 2.f : std::isnan(mass[j]) ? -1.f : mass[j];
   std::iota(idx.begin(), idx.end(), int64_t{0});
   auto better = [&](int64_t x, int64_t y) { return key[x] > key[y] || (key[x] == key[y] && x > y); };
   if (K < nb) std::nth_element(idx.begin(), idx.begin() + K, idx.end(), better);
@@ -168,17 +172,6 @@ template <typename T>
 const T* raw(const at::Tensor& t) {
   if constexpr (std::is_same_v<T, float>) return t.data_ptr<float>();
   else return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>());
-}
-
-void check_summaries(const at::Tensor& q, const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [Hq, D] float32");
-  TORCH_CHECK(a.dim() == 3 && a.is_contiguous() && b.is_contiguous() && a.sizes() == b.sizes() &&
-                  a.scalar_type() == b.scalar_type() &&
-                  (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16),
-              "summaries must be contiguous [H, NB, D] float32 or bfloat16, both alike");
-  TORCH_CHECK(table.scalar_type() == at::kLong && table.is_contiguous() && table.dim() == 1,
-              "table must be a contiguous [nb] int64 tensor");
-  TORCH_CHECK(q.size(1) == a.size(2) && q.size(0) % a.size(0) == 0, "q must be [H * G, D]");
 }
 
 Shape shape_of(const at::Tensor& a) {
@@ -227,10 +220,41 @@ void route_run(const at::Tensor& q, const at::Tensor& a, const at::Tensor& b, co
 
 }  // namespace
 
+void check_summaries(const at::Tensor& q, const at::Tensor& a, const at::Tensor& b, const at::Tensor& table,
+                     const char* op) {
+  TORCH_CHECK_VALUE(q.dim() == 2 && q.is_contiguous(), op, ": q must be a contiguous [Hq, D] tensor, got shape ",
+                    q.sizes());
+  TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat, op, ": q must be float32, got ", q.scalar_type());
+  TORCH_CHECK_VALUE(a.dim() == 3 && a.sizes() == b.sizes() && a.is_contiguous() && b.is_contiguous(), op,
+                    ": the summaries must be contiguous [H, NB, D] tensors of one shape, got ", a.sizes(), " and ",
+                    b.sizes());
+  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type() &&
+                       (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16),
+                   op, ": the summaries must both be float32 or both bfloat16, got ", a.scalar_type(), " and ",
+                   b.scalar_type());
+  const int64_t H = a.size(0), NB = a.size(1), D = a.size(2);
+  TORCH_CHECK_VALUE(H > 0 && NB > 0 && D > 0, op, ": the summaries must have no empty dimension, got ", a.sizes());
+  TORCH_CHECK_VALUE(q.size(0) > 0 && q.size(0) % H == 0 && q.size(1) == D, op,
+                    ": q must be [H * G, D] with H = ", H, ", G >= 1 and D = ", D, ", got ", q.sizes());
+  TORCH_CHECK_VALUE(table.dim() == 1 && table.is_contiguous() && table.numel() > 0, op,
+                    ": table must be a contiguous [nb] tensor with nb >= 1, got shape ", table.sizes());
+  TORCH_CHECK_TYPE(table.scalar_type() == at::kLong, op, ": table must be int64, got ", table.scalar_type());
+  skv::check_range(table, 0, NB, op, "table", "the summaries' physical blocks, NB = size(1)");
+}
+
+void check_route_args(int64_t kind, int64_t top_k, int64_t sink, int64_t local, const char* op) {
+  TORCH_CHECK_VALUE(kind == kMinMax || kind == kMean || kind == kHalves, op,
+                    ": kind must be 0 (minmax), 1 (mean) or 2 (halves), got ", kind);
+  TORCH_CHECK_VALUE(top_k >= 1 && sink >= 0 && local >= 1, op,
+                    ": need top_k >= 1, sink >= 0 and local >= 1, got top_k ", top_k, ", sink ", sink, ", local ",
+                    local);
+}
+
 // Quest's bound [H, G, nb] float32 for q [Hq, D] float32 over one layer's head-major summaries
-// kmin, kmax [H, NB, D] (float32 or bfloat16, read in place) at the blocks of table [nb].
+// kmin, kmax [H, NB, D] (float32 or bfloat16, read in place) at the blocks of table [nb] (each in [0, NB)); every
+// argument is checked first (checks.h).
 at::Tensor minmax_scores(at::Tensor q, at::Tensor kmin, at::Tensor kmax, at::Tensor table) {
-  check_summaries(q, kmin, kmax, table);
+  check_summaries(q, kmin, kmax, table, "minmax_scores");
   const int64_t H = kmin.size(0), G = q.size(0) / H;
   auto out = at::empty({H, G, table.numel()}, at::TensorOptions().dtype(at::kFloat));
   if (kmin.scalar_type() == at::kFloat) scores_run<float>(q, kmin, kmax, table, out.data_ptr<float>());
@@ -240,13 +264,12 @@ at::Tensor minmax_scores(at::Tensor q, at::Tensor kmin, at::Tensor kmax, at::Ten
 
 // Score, distribute and select in one pass (see the top of the file). kind 0: minmax over (a, b) =
 // (kmin, kmax); kind 1: mean over a = kmean (b is ignored; pass a again); kind 2: halves over (a, b) = the
-// block's first and second half means. top_k >= 1, sink >= 0, local >= 1.
+// block's first and second half means. top_k >= 1, sink >= 0, local >= 1; table [nb >= 1] entries in [0, NB).
 // Returns blocks [H, min(top_k, nb)] int64 ascending and mass [H, nb] float32.
 std::vector<at::Tensor> route_topk(at::Tensor q, at::Tensor a, at::Tensor b, at::Tensor table,
                                       int64_t kind, int64_t top_k, int64_t sink, int64_t local) {
-  check_summaries(q, a, b, table);
-  TORCH_CHECK(kind == kMinMax || kind == kMean || kind == kHalves, "kind must be 0 (minmax), 1 (mean) or 2 (halves)");
-  TORCH_CHECK(top_k >= 1 && sink >= 0 && local >= 1 && table.numel() >= 1, "need top_k >= 1, sink >= 0, local >= 1, nb >= 1");
+  check_summaries(q, a, b, table, "route_topk");
+  check_route_args(kind, top_k, sink, local, "route_topk");
   const int64_t H = a.size(0), nb = table.numel(), K = std::min(top_k, nb);
   auto blocks = at::empty({H, K}, at::TensorOptions().dtype(at::kLong));
   auto mass = at::empty({H, nb}, at::TensorOptions().dtype(at::kFloat));

@@ -67,11 +67,7 @@ def sparse_attention(q: torch.Tensor, store: BlockStore, seq: Sequence, layer: i
     `[Hq, D]` and an `AttentionResult` with the log-sum-exp and the bytes read. `min_token`: the first
     token attended (a sliding window's start, N - window); rows of the selected blocks before it weigh 0.
     """
-    _check_decode_args(q, store, seq, layer)
-    _check_blocks(blocks, store, seq)
-    check_int("min_token", min_token, lo=0, hi=seq.num_tokens - 1)
-    if min_token and int(blocks[blocks >= 0].min()) < seq.released:
-        raise ValueError(f"blocks must not select blocks a sliding window released (before {seq.released})")
+    check_sparse_args(q, store, seq, layer, blocks, min_token)
     out, lse = _implementation("sparse", backend, q, store)(q, store, seq, layer, blocks, min_token)
     c = store.config
     traffic = attention_traffic(blocks, seq.num_tokens, c.block_size, c.head_dim, c.itemsize, q.shape[0], c.kv_row_bytes)
@@ -213,6 +209,17 @@ def _prefill_reference(q, store, seq, layer, fresh=None, window: int = 0):
 
 def _check_decode_args(q, store, seq, layer) -> None:
     check_decode_query(store, q, seq, layer)
+
+
+def check_sparse_args(q, store, seq, layer, blocks, min_token: int = 0) -> None:
+    """What a sparse decode reads checked before anything is read: q [Hq, D] against `seq` at `layer`, `blocks`
+    [H, K] int64 of logical blocks in [0, seq.num_blocks) or -1, each row selecting one block at least and none
+    twice, and `min_token` in [0, N). `sparse_attention` and `DecodePlan.sparse` run it."""
+    _check_decode_args(q, store, seq, layer)
+    _check_blocks(blocks, store, seq)
+    check_int("min_token", min_token, lo=0, hi=seq.num_tokens - 1)
+    if min_token and int(blocks[blocks >= 0].min()) < seq.released:
+        raise ValueError(f"blocks must not select blocks a sliding window released (before {seq.released})")
 
 
 def _check_blocks(blocks, store, seq) -> None:

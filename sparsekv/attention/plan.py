@@ -17,8 +17,9 @@ the byte count is taken on the host from the selection's numpy view.
 
 The per-layer primitives the plan runs are public too, for benchmarks and studies that time one of them:
 `plan.dense(layer, q, b)`, `plan.route(router, layer, q, b)`, `plan.sparse(layer, q, blocks, b)` (b: which
-sequence; q [Hq, D]). Use the checked entry points (`dense_attention`, `sparse_attention`, `Router.select`) for
-anything else.
+sequence; q [Hq, D]). `plan.sparse` checks q and `blocks` as `sparse_attention` does (a selection from elsewhere
+than `plan.route` may be anything); `run` calls its unchecked core. Use the checked entry points
+(`dense_attention`, `sparse_attention`, `Router.select`) for anything else.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from ..core.checks import check_int
 from ..core.traffic import INDEX_BYTES, StepTraffic, attention_traffic, dense_traffic
 from ..routing.router import Router, Selection
 from ..storage.store import BlockStore, Sequence
-from .decode import IMPLEMENTATIONS, AttentionResult
+from .decode import IMPLEMENTATIONS, AttentionResult, check_sparse_args
 
 
 def step_traffic(store: BlockStore, seq: Sequence, num_q_heads: int, blocks: torch.Tensor | None = None,
@@ -95,7 +96,7 @@ class DecodePlan:
                 self._count(b, self.dense_bytes[b], seq.num_blocks * self.store.config.num_kv_heads)
                 continue
             sel = self.route(self.router, layer, q[b], b)
-            out, res = self.sparse(layer, q[b], sel.blocks, b)
+            out, res = self._sparse(j, q[b], sel.blocks, b)
             outs.append(out)
             self._count(b, res.traffic + sel.traffic, res.blocks_read)
             if self.record:
@@ -114,9 +115,18 @@ class DecodePlan:
         return router.select_planned(q, self.store.stores[0], self.seqs[b], self._local(layer), self.tables[b])
 
     def sparse(self, layer: int, q: torch.Tensor, blocks: torch.Tensor, b: int = 0) -> tuple[torch.Tensor, AttentionResult]:
-        """Attention of sequence b over a router's selection `blocks` [H, K]: output [Hq, D] and what it read."""
+        """Attention of sequence b over a selection `blocks` [H, K]: output [Hq, D] and what it read. q and `blocks`
+        are checked as `sparse_attention` checks them (`check_sparse_args`): logical blocks of the sequence or -1."""
+        check_int("b", b, lo=0, hi=len(self.seqs) - 1)
+        j = self._local(layer)
+        check_sparse_args(q, self.store.stores[0], self.seqs[b], j, blocks)
+        return self._sparse(j, q, blocks, b)
+
+    def _sparse(self, j: int, q: torch.Tensor, blocks: torch.Tensor, b: int) -> tuple[torch.Tensor, AttentionResult]:
+        """`sparse` without its checks, at global layer j, for `run`: a Router's selection is sorted, unique and in
+        range by construction."""
         seq, main = self.seqs[b], self.store.stores[0]
-        out, lse = IMPLEMENTATIONS[self.backend]["sparse"](q, main, seq, self._local(layer), blocks)
+        out, lse = IMPLEMENTATIONS[self.backend]["sparse"](q, main, seq, j, blocks)
         traffic = step_traffic(main, seq, self.num_q_heads, blocks)
         return out, AttentionResult(lse, traffic.index_bytes // (2 * INDEX_BYTES), traffic)
 
