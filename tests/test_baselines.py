@@ -120,6 +120,10 @@ def test_a_chaotic_metric_is_observed_and_a_listed_pattern_too():
     observed = {d.metric: d.tolerance for d in cmp.diffs if d.observed}
     assert set(observed) == {"kl", "count"}                       # "kept" did not move: compared
     assert "chaotic" in observed["kl"] and "differs between" in observed["count"]
+    tiny = _base(err=8e-5)                                        # a rounding-level error under its 0.01 rule
+    tiny["spread"] = {"metrics": {"err": 1.2e-5}}                 # 3 x spread > 25% of the value, < the rule
+    assert not any(d.observed for d in baselines.compare(tiny, tiny, tol).diffs)
+    assert not baselines.compare(tiny, {**tiny, "metrics": {"err": 0.05}}, tol).ok     # still a regression signal
     listed = {**tol, "observations": {"ke*": "a reason"}}
     cmp = baselines.compare(base, {**now, "metrics": {**now["metrics"], "kept": 0.1}}, listed)
     assert cmp.ok and next(d.tolerance for d in cmp.diffs if d.metric == "kept") == "observed: a reason"

@@ -165,6 +165,15 @@ def converted_folder(gguf: str | Path) -> Path:
     return _converted(Path(gguf))[0]
 
 
+def prepare(gguf: str | Path) -> Path:
+    """Build the caches beside a GGUF file that a first load would otherwise build: its safetensors conversion and
+    its tokenizer (Gemma 3's SentencePiece cache). `make model` runs it after the fetch, so that tests and notebooks
+    started in parallel never convert the same file twice. Returns the conversion folder."""
+    folder = _checkpoint_folder(gguf)
+    load_tokenizer(gguf)
+    return folder
+
+
 def _converted(gguf: Path) -> tuple[Path, str]:
     """The conversion folder of `gguf` (checked when it exists) and the file's sha256."""
     from .fetch import sha256_file

@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,10 +187,17 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=Path("."), help="repository root (default: the current folder)")
     ap.add_argument("--model", choices=[*MODELS, "all"], default="smollm2", help="which model file (default: smollm2)")
+    ap.add_argument("--prepare", action="store_true",
+                    help="also build the caches a first load builds: the safetensors conversion and the tokenizer")
     args = ap.parse_args(argv)
     try:
         for spec in (MODELS.values() if args.model == "all" else [MODELS[args.model]]):
-            fetch(spec, args.root)
+            path = fetch(spec, args.root)
+            if args.prepare:
+                from .checkpoint import prepare
+                t0 = time.perf_counter()
+                folder = prepare(path)
+                print(f"{path.name}: caches ready ({folder.name}, {time.perf_counter() - t0:.0f} s)")
     except ModelFetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

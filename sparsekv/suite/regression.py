@@ -134,7 +134,9 @@ def compare(baseline: dict, current: dict, tolerances: dict | None = None, gate_
 
 def observation(name: str, kind: str, base: float, spread: float | None, tol: dict) -> str:
     """Why metric `name` is an observation (recorded, never compared), or "" when it is compared: it matches a
-    pattern of the tolerances' `observations`, or its spread between the CPU configurations shows it chaotic."""
+    pattern of the tolerances' `observations`, or its spread between the CPU configurations shows it chaotic: an
+    exact metric that differs, or a numeric one whose derived tolerance exceeds both its rule's and
+    `derived.observe_above` of its value."""
     for pattern, why in (tol.get("observations") or {}).items():
         if fnmatch.fnmatchcase(name, pattern):
             return str(why)
@@ -142,8 +144,9 @@ def observation(name: str, kind: str, base: float, spread: float | None, tol: di
         return ""
     if kind == "exact":
         return f"differs between the CPU configurations by {spread:.4g}"
-    derived = tol["derived"]
-    if derived["factor"] * spread > derived["observe_above"] * abs(base):
+    derived, rule = tol["derived"], _tolerance_for(name, kind, tol)
+    allowed = max(float(rule.get("abs", 0.0)), float(rule.get("rel", 0.0)) * abs(base))
+    if derived["factor"] * spread > max(allowed, derived["observe_above"] * abs(base)):
         return (f"chaotic: {derived['factor']:g} x its spread between the CPU configurations ({spread:.3g}) exceeds "
                 f"{derived['observe_above']:.0%} of its value")
     return ""
