@@ -145,3 +145,13 @@ def test_the_committed_tolerances_observe_only_what_they_give_a_reason_for():
         cmp = baselines.compare(base, base, tol)
         compared = [d for d in cmp.diffs if not d.observed and d.kind != "timing" and not d.metric.startswith("check")]
         assert len(compared) >= 0.5 * len([d for d in cmp.diffs if d.kind != "timing"]), stem
+
+
+def test_merge_spread_keeps_the_baseline_s_values_and_the_larger_spread():
+    base = {**_base(x=1.0, y=2.0), "spread": {"metrics": {"x": 0.3}, "configurations": {"alt": {"aten": "AVX2"}}}}
+    other = _base(x=1.1, y=2.5)
+    merged = baselines.merge_spread(base, other, "native on another CPU", {"aten": "AVX512"})
+    assert merged["metrics"] == base["metrics"]                   # the values stay the baseline's
+    assert merged["spread"]["metrics"] == {"x": 0.3, "y": 0.5}    # x keeps its larger recorded spread
+    assert set(merged["spread"]["configurations"]) == {"alt", "native on another CPU"}
+    assert base["spread"]["metrics"] == {"x": 0.3}                # the input is not modified

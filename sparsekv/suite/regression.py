@@ -20,6 +20,7 @@ Checks are compared too: a check the baseline holds that the run no longer recor
 baseline gated that the run no longer gates, fails, so deleting or disabling a check is caught.
 
     python -m sparsekv notebooks baseline [names]   re-records tests/baselines/NN.smoke.json
+    python -m sparsekv notebooks spread [names] [--cpu alt]   adds this machine's (or configuration's) spread to them
 """
 from __future__ import annotations
 
@@ -168,6 +169,19 @@ def record_spread(native: dict, other: dict, configurations: dict[str, dict] | N
         raise ValueError(f"the two configurations recorded different metrics: {missing[:8]}")
     diff = {k: abs(float(b[k]) - float(a[k])) for k in sorted(a) if kinds.get(k) != "timing" and a[k] != b[k]}
     return {"metrics": diff, "configurations": dict(configurations or {})}
+
+
+def merge_spread(baseline: dict, other: dict, configuration: str, description: dict | None = None) -> dict:
+    """`baseline` with the spread to another run of the same smoke added (`notebooks spread`): per metric that is
+    not a timing, the larger of the spread it had and |other - baseline|; the baseline's values are unchanged.
+    `configuration` names where `other` ran (a CPU configuration on a machine) and `description` what it ran."""
+    fresh = record_spread(baseline, other)["metrics"]
+    old = dict(baseline.get("spread") or {})
+    merged = dict(old.get("metrics") or {})
+    for k, v in fresh.items():
+        merged[k] = max(merged.get(k, 0.0), v)
+    configurations = {**(old.get("configurations") or {}), configuration: dict(description or {})}
+    return {**baseline, "spread": {"metrics": dict(sorted(merged.items())), "configurations": configurations}}
 
 
 def _compare_checks(base: dict, now: dict) -> list[MetricDiff]:

@@ -7,6 +7,9 @@
               output (figures included) goes to --out (default build/notebooks/smoke/), so a
               smoke run never overwrites figures/. Metrics are compared with the committed
               baselines in tests/baselines/ (see sparsekv.suite.regression).
+    spread    a smoke run, here or under --cpu alt, whose differences from each committed baseline are added to
+              its spread (`regression.merge_spread`; the baseline's values stay): how a baseline learns what
+              another machine or configuration gives. Commit the change with the machine it was measured on.
     baseline  a smoke run that re-records tests/baselines/NN.smoke.json; commit the change
               with the reason the metrics moved. Each notebook runs twice, under both of
               `suite.cpuconfig`'s configurations, and the baseline keeps how far the two differ
@@ -38,6 +41,7 @@ from ..core.tables import format_table
 from .params import check as check_parameters
 
 KERNEL = "sparsekv"
+MODES = ("run", "smoke", "baseline", "spread")
 
 
 def check_root(root: Path | str) -> Path:
@@ -160,20 +164,24 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
     """
     from . import cpuconfig
     env = cpuconfig.environment(cpu)
-    if mode not in ("run", "smoke", "baseline"):
-        raise ValueError(f"mode must be 'run', 'smoke' or 'baseline', got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
     root = check_root(root)
     paths = discover(names, root)
     if mode == "run":
         out = out or root / "build" / "notebooks" / "full"
         figures = root / "figures"
     else:
-        out = out or root / "build" / "notebooks" / "smoke"
+        out = out or root / "build" / "notebooks" / ("spread" if mode == "spread" else "smoke")
         figures = out / "figures"
     timeout = timeout or (3600 if mode == "run" else 300)
     params = {p.stem: {} if mode == "run" else smoke_parameters(p.stem, root) for p in paths}
-    if mode == "baseline" and (sweep or address is not None):
-        raise ValueError("baseline runs each notebook under both CPU configurations, one after another: drop --sweep")
+    if mode in ("baseline", "spread") and (sweep or address is not None):
+        raise ValueError(f"{mode} runs notebooks one after another on this machine: drop --sweep")
+    if mode == "spread":
+        description = cpuconfig.describe(cpu)
+        configuration = f"{cpu} on {description['cpu']}"
+        stream.write(f"spread of every baseline to {configuration}\n")
     if mode == "baseline":
         runs = _record_baselines(paths, params, out, figures, timeout, cpu, root, stream)
     elif sweep or address is not None:
@@ -182,8 +190,11 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
         runs = []
         for i, path in enumerate(paths, 1):
             print(f"[{i}/{len(paths)}] {path.stem} ({mode}) ...", file=stream, flush=True)
-            runs.append(_settle(run_notebook(path, out, figures, params[path.stem], timeout, env=env), mode, out,
-                                root, f"[{i}/{len(paths)}] ", stream))
+            run = run_notebook(path, out, figures, params[path.stem], timeout, env=env)
+            if mode == "spread":
+                runs.append(_add_spread(run, configuration, description, root, f"[{i}/{len(paths)}] ", stream))
+            else:
+                runs.append(_settle(run, mode, out, root, f"[{i}/{len(paths)}] ", stream))
     print(summary_table(runs), file=stream, flush=True)
     if mode == "run" and all(r.status == "ok" for r in runs):
         from . import findings
@@ -220,6 +231,23 @@ def _record_baselines(paths, params, out, figures, timeout, cpu, root, stream) -
                 print(f"{tag}{path.stem}: {n} metrics differ between {cpu} and {other}", file=stream, flush=True)
         runs.append(_settle(run, "baseline", out, root, tag, stream))
     return runs
+
+
+def _add_spread(run: NotebookRun, configuration: str, description: dict, root: Path, tag: str,
+                stream) -> NotebookRun:
+    """Add a smoke run's differences from the committed baseline to the baseline's spread (mode "spread")."""
+    from . import regression as baselines
+    ref_path = baselines.baseline_path(run.name, "smoke", root)
+    run.reference = json.loads(ref_path.read_text()) if ref_path.exists() else {}
+    if run.status == "ok" and not run.reference:
+        run.status, run.error = "failed", f"no baseline at {ref_path}; record one with 'baseline'"
+    if run.status == "ok":
+        merged = baselines.merge_spread(run.reference, run.metrics, configuration, description)
+        ref_path.write_text(json.dumps(merged, indent=1, sort_keys=True))
+        run.detail = f"{len(baselines.record_spread(run.reference, run.metrics)['metrics'])} metrics differ"
+    print(f"{tag}{run.name}: {run.status} in {run.seconds:.1f}s" + (f"; {run.detail}" if run.status == "ok" else "")
+          + (f"\n    {run.error}" if run.error else ""), file=stream, flush=True)
+    return run
 
 
 def _settle(run: NotebookRun, mode: str, out: Path, root: Path, tag: str, stream) -> NotebookRun:
@@ -321,7 +349,7 @@ def _short_error(exc: Exception) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sparsekv notebooks", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["run", "smoke", "baseline"])
+    ap.add_argument("mode", choices=list(MODES))
     ap.add_argument("names", nargs="*", help="notebook stems or prefixes (default: all)")
     ap.add_argument("--out", type=Path, default=None, help="folder for executed copies and metrics")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 3600 full, 300 smoke)")
