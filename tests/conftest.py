@@ -101,10 +101,16 @@ def feed_last_against_all(eng, model, seq, ids, router=None):
     return a, b
 
 
-# Seconds each test took in a recorded `make test` (nodeid -> call + setup + teardown), to start the longest work
-# first: `SPARSEKV_RECORD_DURATIONS=tests/durations.json make test` rewrites it. Stale or missing entries only change
-# the order in which tests start, never what runs or what passes.
+# Seconds each unit of work took in a recorded `make test` (a test module, or one notebook run: its tests' call,
+# setup and teardown summed), to start the longest first: `SPARSEKV_RECORD_DURATIONS=tests/durations.json make test`
+# rewrites it. Stale or missing entries only change the order in which tests start, never what runs or what passes.
 DURATIONS = REPO / "tests" / "durations.json"
+
+
+def _unit(nodeid: str) -> str:
+    """xdist's unit of work for a test: its module (loadgroup, below), or the test itself in test_notebooks.py."""
+    path = nodeid.split("::")[0]
+    return nodeid if path.endswith("test_notebooks.py") else Path(path).stem
 
 
 def pytest_collection_modifyitems(config, items):
@@ -120,14 +126,10 @@ def pytest_collection_modifyitems(config, items):
         if item.path.name != "test_notebooks.py":
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
     seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    unit = lambda item: item.nodeid if item.path.name == "test_notebooks.py" else item.path.stem
-    total: dict[str, float] = {}
-    for item in items:
-        total[unit(item)] = total.get(unit(item), 0.0) + seconds.get(item.nodeid, 1.0)
-    first = {}
+    first: dict[str, int] = {}
     for i, item in enumerate(items):
-        first.setdefault(unit(item), i)
-    items.sort(key=lambda item: (-total[unit(item)], first[unit(item)]))
+        first.setdefault(_unit(item.nodeid), i)
+    items.sort(key=lambda item: (-seconds.get(_unit(item.nodeid), 0.0), first[_unit(item.nodeid)]))
 
 
 _durations: dict[str, float] = {}
@@ -136,14 +138,15 @@ _durations: dict[str, float] = {}
 def pytest_runtest_logreport(report):
     """Sum each test's phases (under xdist this runs on the controller, which receives every worker's reports)."""
     if os.environ.get("SPARSEKV_RECORD_DURATIONS"):
-        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+        unit = _unit(report.nodeid)
+        _durations[unit] = _durations.get(unit, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("SPARSEKV_RECORD_DURATIONS")
     if path and _durations and not os.environ.get("PYTEST_XDIST_WORKER"):
         import json
-        Path(path).write_text(json.dumps({k: round(v, 2) for k, v in sorted(_durations.items())}, indent=0) + "\n")
+        Path(path).write_text(json.dumps({k: round(v, 1) for k, v in sorted(_durations.items())}, indent=0) + "\n")
 
 
 @pytest.fixture

@@ -197,7 +197,9 @@ def test_the_suite_runner_s_sweep_gives_the_serial_runs_and_a_timing_notebook_ru
     from sparsekv.suite import runner
     root, log = _suite_root(tmp_path)
     serial = runner.run_all("baseline", out=tmp_path / "serial", root=root, stream=io.StringIO())
-    assert [r.status for r in serial] == ["ok", "ok"] and len(executions(log)) == 2
+    # a baseline runs each notebook under both CPU configurations (native, then alt): 4 executions
+    assert [r.status for r in serial] == ["ok", "ok"] and len(executions(log)) == 4
+    assert all(set(r.metrics["spread"]["configurations"]) == {"native", "alt"} for r in serial)
     assert {p.name for p in (root / "tests" / "baselines").glob("*.json")} == {"01_tiny.smoke.json",
                                                                                "02_tiny_timing.smoke.json"}
     jobs = runner.sweep_jobs(runner.discover(root=root), {p.stem: runner.smoke_parameters(p.stem, root)
@@ -207,7 +209,7 @@ def test_the_suite_runner_s_sweep_gives_the_serial_runs_and_a_timing_notebook_ru
 
     out = tmp_path / "smoke"
     swept = runner.run_all("smoke", out=out, root=root, stream=io.StringIO(), sweep=True, workers=2, threads=1)
-    assert [r.status for r in swept] == ["ok", "ok"] and len(executions(log)) == 4     # compared with the baselines
+    assert [r.status for r in swept] == ["ok", "ok"] and len(executions(log)) == 6     # compared with the baselines
     assert {r.name: r.metrics["metrics"]["threads"] for r in swept} == {"01_tiny": 1, "02_tiny_timing": 2}
     for s, r in zip(serial, swept):
         assert (out / f"{r.name}.metrics.json").exists() and (out / f"{r.name}.ipynb").exists()   # as serial runs
@@ -217,7 +219,7 @@ def test_the_suite_runner_s_sweep_gives_the_serial_runs_and_a_timing_notebook_ru
 
     text = io.StringIO()
     again = runner.run_all("smoke", out=out, root=root, stream=text, sweep=True, workers=2, threads=1)
-    assert [r.status for r in again] == ["ok", "ok"] and len(executions(log)) == 4     # nothing ran twice
+    assert [r.status for r in again] == ["ok", "ok"] and len(executions(log)) == 6     # nothing ran twice
     assert text.getvalue().count("(finished before)") == 2
 
 
