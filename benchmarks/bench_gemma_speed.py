@@ -130,7 +130,7 @@ def prefill_flops(cfg, n: int) -> float:
     from sparsekv.serving.gpu import param_count
     dense = 2 * (param_count(cfg) - cfg.vocab_size * cfg.dim) * n + 2 * cfg.vocab_size * cfg.dim
     pairs = 0
-    for w in cfg.windows:
+    for w in cfg.layer_windows:
         pairs += n * (n + 1) // 2 if not w else sum(min(i + 1, w) for i in range(n))
     return dense + 4 * cfg.n_heads * cfg.head_dim * pairs
 

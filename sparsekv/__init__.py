@@ -6,8 +6,9 @@ Importing this package has no side effects, needs no GPU and imports no submodul
 
 The data path reads one way, each layer importing only those below it:
 
-    core -> storage -> routing -> attention -> model -> analysis, recall -> serving -> studies -> suite
-    (kernels/ is installed as sparsekv.kernels, below attention and routing)
+    the runtime:  kernels -> core -> storage -> routing -> attention -> model -> serving
+    research:     analysis, recall -> studies -> suite
+    (kernels/ is installed as sparsekv.kernels; the runtime never imports the research side)
 analysis/ holds instruments (metrics, probes, prompts, observation, statistics, corpus, workloads, peers, sweeps);
 studies/ holds one module per notebook, built from them.
 
@@ -35,6 +36,7 @@ _LAZY = {
     "Reservation": ".storage.store", "Sequence": ".storage.store", "StoreConfig": ".storage.store",
     "SUMMARIES": ".storage.summaries", "Summary": ".storage.summaries", "register_summary": ".storage.summaries",
 }
+__all__ = [*_LAZY]          # every public name, in one place: the table above
 
 
 def __getattr__(name: str):
@@ -50,15 +52,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
-
-
-__all__ = [
-    "StoreConfig", "BlockStore", "BlockTable", "Sequence", "Reservation", "StoreFullError", "BlockPool", "ColdBlockError",
-    "PLACEMENTS", "PlacementPolicy", "register_placement",
-    "dense_attention", "sparse_attention", "batch_attention", "prefill_attention", "all_blocks", "AttentionResult",
-    "block_attention_mass", "hierarchical", "StepTraffic", "Router", "RouterConfig", "Selection", "ROUTERS", "SCORERS", "Scorer",
-    "register_scorer", "SELECTORS", "Selector", "register_selector", "EvictionPolicy", "register_policy",
-    "SUMMARIES", "Summary", "register_summary",
-    "metrics", "probes", "Model", "ModelConfig", "load_model", "load_tokenizer", "Engine", "EngineConfig",
-    "RequestStats", "PrefixCache", "PrefixMatch",
-]

@@ -1,10 +1,14 @@
-"""The package's shape: layers that import only downwards, strategies bound through registries,
-and a decode step that validates once.
+"""The package's shape: layers that import only downwards, no import cycles, strategies bound through registries,
+configs that compose, and a decode step that validates once.
 
-Layers, bottom to top (a module imports only its own layer's siblings in the same subpackage,
-and layers strictly below): kernels < core < storage < routing < attention < model
-< analysis, recall (siblings that do not import each other: the instruments) < serving
-< studies (one module per notebook or benchmark) < suite (the runner, findings, explorers, viz).
+Layers, bottom to top (a module imports only its own layer's siblings in the same subpackage, and layers strictly
+below; each subpackage's docstring states its number):
+
+    the runtime   0 kernels < 1 core < 2 storage < 3 routing < 4 attention < 5 model < 6 serving
+    research      7 analysis, recall (the instruments; siblings that do not import each other)
+                  < 8 studies (one module per notebook or benchmark) < 9 suite (the runner, findings, explorers, viz)
+
+The runtime never imports the research side, at module level or inside a function.
 """
 import ast
 import dataclasses
@@ -18,8 +22,10 @@ from sparsekv.analysis import sweeps, workloads
 from sparsekv.analysis.probes import ProbeConfig, needle
 
 PKG = pathlib.Path(sk.__file__).parent
-LAYER = {"kernels": 0, "core": 1, "storage": 2, "routing": 3, "attention": 4, "model": 5,
-         "analysis": 6, "recall": 6, "serving": 7, "studies": 8, "suite": 9}
+LAYER = {"kernels": 0, "core": 1, "storage": 2, "routing": 3, "attention": 4, "model": 5, "serving": 6,
+         "analysis": 7, "recall": 7, "studies": 8, "suite": 9}
+RUNTIME = {name for name, layer in LAYER.items() if layer <= LAYER["serving"]}
+RESEARCH = set(LAYER) - RUNTIME
 
 
 def imports_of(path: pathlib.Path):
@@ -73,6 +79,150 @@ def test_every_subpackage_imports_alone():
         if name != "kernels":
             importlib.import_module(f"sparsekv.{name}")
 
+
+
+def test_the_runtime_never_imports_the_research_side():
+    """No module of kernels, core, storage, routing, attention, model or serving imports analysis, recall, studies
+    or suite, at module level or inside a function (serving.trace imported analysis.workloads' Trace until the
+    trace types moved to serving; analysis.workloads re-exports them)."""
+    graph = import_graph()
+    arrows = sorted((a, b) for a, targets in graph.items() for b in targets
+                    if subpackage(a) in RUNTIME and subpackage(b) in RESEARCH)
+    # the research side is there to be imported from
+    assert any(subpackage(b) in RUNTIME for a, targets in graph.items() for b in targets if subpackage(a) in RESEARCH)
+    # and nothing points the other way
+    assert not arrows, f"runtime modules import the research side: {arrows}"
+    # the trace types live in serving, and analysis.workloads still names them
+    from sparsekv.serving import trace
+    assert workloads.Trace is trace.Trace and workloads.Request is trace.Request
+
+
+@pytest.mark.parametrize("name", sorted(set(LAYER) - {"kernels"}))
+def test_each_subpackage_states_its_layer(name):
+    """Each subpackage's docstring opens with its layer number, the one this file enforces."""
+    doc = ast.get_docstring(ast.parse((PKG / name / "__init__.py").read_text()))
+    # "Layer N (...)" as the first words, N from LAYER
+    assert doc.startswith(f"Layer {LAYER[name]} "), f"sparsekv.{name}'s docstring opens {doc[:40]!r}"
+
+
+
+def test_the_window_rule_is_written_once():
+    """max(0, i - w + 1), the first key a sliding-window query sees, is `core.window.first_visible`; no other module
+    spells it out (it was written eight times, in two forms, before)."""
+    import re
+    rule = re.compile(r"max\(0,[^)\n]*-\s*(\w+\.)?(w|window)\b")
+    spelled = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+               if p.relative_to(PKG).as_posix() != "core/window.py" and rule.search(p.read_text())]
+    # the pattern finds the rule where it is written
+    assert rule.search((PKG / "core" / "window.py").read_text())
+    # and nowhere else
+    assert not spelled, f"the window rule is spelled out in {spelled}; call core.window.first_visible"
+
+
+def test_no_layer_above_storage_asks_which_kind_of_store_it_holds():
+    """Outside storage/, no isinstance against a concrete store class and no hasattr probe on a store: the plan and
+    the fused step use the declared `storage.store.LayerGroups` (there were five isinstance(store, HybridStore) in
+    model/fused.py and hasattr probes in attention/plan.py and studies/hybrid.py)."""
+    import re
+    probe = re.compile(r"isinstance\([\w.]*store\w*,\s*\(?\s*(HybridStore|BlockStore)|hasattr\([\w.]*store\w*,")
+    found = [f"{p.relative_to(PKG)}: {m.group(0)}" for p in PKG.rglob("*.py") if p.relative_to(PKG).parts[0] != "storage"
+             for m in probe.finditer(p.read_text())]
+    # the pattern finds such a probe where one is written
+    assert probe.search("hybrid = isinstance(self.store, HybridStore)") and probe.search('hasattr(store, "stores")')
+    # and the package has none
+    assert not found, found
+
+# -- the module import graph ----------------------------------------------------------------------
+
+def module_files() -> dict[str, pathlib.Path]:
+    """Every module of the package by dotted name (a package by its __init__), kernels/ as sparsekv.kernels."""
+    roots = [(PKG, "sparsekv")]
+    if not (PKG / "kernels").is_dir() and (PKG.parent / "kernels").is_dir():   # a source checkout
+        roots.append((PKG.parent / "kernels", "sparsekv.kernels"))
+    out = {}
+    for root, prefix in roots:
+        for p in root.rglob("*.py"):
+            parts = list(p.relative_to(root).with_suffix("").parts)
+            out[".".join([prefix, *parts[:-1]] if parts[-1] == "__init__" else [prefix, *parts])] = p
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at module level or inside a function (every import statement
+    in the file). `from a.b import c` points at the module a.b.c when there is one, else at a.b."""
+    files = module_files()
+    graph = {}
+    for name, path in files.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:                       # relative: resolve against the module's package
+                    base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                elif node.module and node.module.split(".")[0] == "sparsekv":
+                    base = node.module
+                else:
+                    continue
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.split(".")[0] == "sparsekv"}
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def subpackage(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The modules that import each other, directly or through others: each group of mutually reachable modules."""
+    reach = {}
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo += graph.get(m, ())
+        reach[start] = seen
+    groups = []
+    for m in graph:
+        if m in reach[m] and not any(m in g for g in groups):
+            groups.append({m} | {o for o in reach[m] if m in reach[o]})
+    return groups
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    # a <-> b is one group; c, which only imports a, is in none
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]
+    # a longer ring is one group too
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [{"a", "b", "c"}]
+    # a chain has none
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_package_has_no_import_cycles():
+    """No module imports itself through others, even lazily (a function-level import is a cycle waiting for the
+    function's first call at import time). There were two: suite.runner <-> suite.sweep (run_notebook moved to
+    suite.notebook) and storage.prefix_cache <-> storage.hybrid_cache (make_prefix_cache moved to hybrid_cache)."""
+    graph = import_graph()
+    # the graph is the package's: modules of every subpackage, and the imports between them
+    assert {subpackage(m) for m in graph} >= set(LAYER)
+    assert sum(map(len, graph.values())) > 200
+    # and no group of modules imports itself
+    assert cycles(graph) == []
+
+
+def test_every_public_name_resolves():
+    """`__all__` is the lazy table's keys, and each resolves to the object its module defines (PEP 562)."""
+    import importlib
+    # the public names are exactly the table's
+    assert sk.__all__ == list(sk._LAZY)
+    for name in sk.__all__:
+        module = importlib.import_module(sk._LAZY[name], "sparsekv")
+        expected = module if sk._LAZY[name].endswith("." + name) else getattr(module, name)
+        # each name is its module's object (or the module itself, for metrics and probes)
+        assert getattr(sk, name) is expected, name
 
 # -- host synchronisations per layer --------------------------------------------------------------
 
@@ -236,6 +386,71 @@ def test_a_new_eviction_policy_works_end_to_end(registered):
     with pytest.raises(ValueError, match="policy must be one of"):
         sk.PrefixCache(sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=2, block_size=4,
                                                     num_blocks=8)), policy="no_such_policy")
+
+
+# Each preset's per-layer lists as they were before configs kept derived values out of their fields.
+PRESET_LAYERS = {"tiny": (("attn",) * 2, (0,) * 2), "cpu-timing": (("attn",) * 4, (0,) * 4),
+                 "recall": (("conv", "attn"), (0, 0)), "recall-linear": (("conv", "linear"), (0, 0)),
+                 "recall-hops": (("conv", "attn", "attn"), (0, 0, 0)), "llama-1b": (("attn",) * 16, (0,) * 16)}
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_LAYERS))
+def test_a_preset_resized_equals_the_config_built_at_that_size(name):
+    """`from_name(name, n_layers=n)` (a `dataclasses.replace` of the preset) composes: the fields hold what was
+    given, never values derived from n_layers, so a resized preset is the config built directly at that size."""
+    from sparsekv.model.model import PRESETS
+    preset, n = PRESETS[name], PRESETS[name].n_layers + 1
+    grown = {"mixers": preset.mixers + ("attn",)} if preset.mixers else {}      # an explicit list grows with it
+    resized = sk.ModelConfig.from_name(name, n_layers=n, **grown)
+    given = {f.name: getattr(preset, f.name) for f in dataclasses.fields(sk.ModelConfig)}
+    built = sk.ModelConfig(**{**given, "n_layers": n, **grown})
+    # the resized preset is the config built at that size, field for field and in every derived value
+    assert resized == built
+    for derived in ("layer_mixers", "layer_windows", "attn_layers", "store_windows", "head_dim"):
+        assert getattr(resized, derived) == getattr(built, derived)
+    # every layer is resized: the preset's mixers plus one attention layer, all global
+    mixers, windows = PRESET_LAYERS[name]
+    assert resized.layer_mixers == mixers + ("attn",) and resized.layer_windows == windows + (0,)
+    # and resizing back gives the preset again
+    assert dataclasses.replace(resized, n_layers=preset.n_layers, **({"mixers": mixers} if grown else {})) == preset
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_LAYERS))
+def test_an_unresized_preset_keeps_its_layers_and_its_saved_form(name):
+    """The per-layer lists of each preset are those it had when they were stored in the fields, and `as_dict`
+    (what `recall.train` saves as config.json) still writes them out in full."""
+    c = sk.ModelConfig.from_name(name)
+    mixers, windows = PRESET_LAYERS[name]
+    # the per-layer mixers and windows, and the store layers they give
+    assert c.layer_mixers == mixers and c.layer_windows == windows
+    assert c.attn_layers == [i for i, m in enumerate(mixers) if m == "attn"]
+    assert c.store_windows == (0,) * len(c.attn_layers)
+    # the saved form lists every layer, and loads back to the same model
+    d = c.as_dict()
+    assert d["mixers"] == mixers and d["windows"] == windows
+    again = sk.ModelConfig(**d)
+    assert (again.layer_mixers, again.layer_windows, again.head_dim) == (mixers, windows, c.head_dim)
+
+
+def test_a_saved_recall_config_loads_unchanged():
+    """A committed config.json (written by `as_dict` when the fields held the per-layer lists) loads to a config
+    whose `as_dict` gives the file's values back."""
+    import json
+    saved = json.loads((PKG.parent / "data" / "models" / "mqar" / "config.json").read_text())
+    # every saved key comes back with its saved value
+    again = json.loads(json.dumps(sk.ModelConfig(**saved).as_dict()))
+    assert {k: again[k] for k in saved} == saved
+
+
+def test_a_model_of_a_resized_preset_decodes():
+    """The tiny preset at three layers builds and decodes (one more store layer than the preset)."""
+    model = sk.Model(sk.ModelConfig.from_name("tiny", n_layers=3))
+    eng = sk.Engine(model, block_size=8, num_blocks=32, progress=False)
+    seq = eng.new_sequence()
+    eng.prefill(seq, torch.arange(1, 20))
+    # three layers, each in the store, and a token decoded over them
+    assert len(model.layers) == 3 and eng.store.config.num_layers == 3
+    assert len(eng.decode(seq, 1)) == 1
 
 
 def test_engine_and_router_take_configs_and_keywords_alike():

@@ -19,8 +19,7 @@ from sparsekv.attention import decode
 from sparsekv.attention.plan import plan_decode
 from sparsekv.kernels import cpu_decode
 from sparsekv.storage.hybrid import HybridStore, layer_groups, make_store
-from sparsekv.storage.hybrid_cache import HybridPrefixCache
-from sparsekv.storage.prefix_cache import make_prefix_cache
+from sparsekv.storage.hybrid_cache import HybridPrefixCache, make_prefix_cache
 
 
 def hybrid(windows=(0, 20, 0, 7), bs=4, num_blocks=400, window_blocks=None, H=2, D=8, dtype=torch.float32):
@@ -46,6 +45,17 @@ def test_layer_groups_put_the_global_group_first_and_keep_layer_order():
     assert [(g.window, g.layers) for g in groups] == [(0, (1, 4)), (7, (0, 3)), (20, (2,))]
     assert isinstance(make_store(hybrid().config, (0, 0, 0, 0)), sk.BlockStore)
     assert isinstance(make_store(hybrid().config, (0, 20, 0, 7)), HybridStore)
+
+
+def test_the_window_rule_is_the_first_key_a_query_can_see():
+    """`first_visible(i, w)` against the definition: the query at i sees the keys j <= i with i - j < w (w = 0:
+    every key)."""
+    from sparsekv.core.window import first_visible
+    for w in range(0, 7):
+        for i in range(0, 20):
+            seen = [j for j in range(i + 1) if w == 0 or i - j < w]
+            # the first of the keys the definition lets it see
+            assert first_visible(i, w) == seen[0], (i, w)
 
 
 @pytest.mark.parametrize("bs,windows", [(4, (0, 20, 0, 7)), (16, (512, 0, 512))])
@@ -410,6 +420,32 @@ def test_make_prefix_cache_picks_the_store_s_kind():
     assert isinstance(make_prefix_cache(plain), sk.PrefixCache)
     with pytest.raises(TypeError, match="HybridStore"):
         HybridPrefixCache(plain)
+
+
+@pytest.mark.parametrize("windows", [(0, 0, 0, 0), (0, 20, 0, 7)], ids=["flat", "hybrid"])
+def test_both_stores_are_layer_groups(windows):
+    """`LayerGroups` invariants 1-3 for a BlockStore (one group) and a HybridStore alike: what the plan and the fused
+    step use instead of asking which kind of store they hold."""
+    from sparsekv.storage.store import LayerGroups
+    store = make_store(hybrid().config, windows)
+    seq = store.new_sequence()
+    store.append(seq, *kv(store, 9, torch.Generator().manual_seed(0)))
+    res = store.reserve(seq, 1)
+    # 1. the declared interface, and one window per group's store
+    assert isinstance(store, LayerGroups) and len(store.stores) == len(store.group_windows)
+    assert store.group_windows == ((0,) if windows == (0,) * 4 else (0, 7, 20))
+    # 2. a handle per group, and each layer in the group of its window
+    parts = store.parts(seq)
+    assert len(parts) == len(store.stores)
+    for layer, w in enumerate(windows):
+        gi, j = store.group_of(layer)
+        assert store.group_windows[gi] == w and store.view(seq, layer).layer == j
+    # 3. the reservation's slots in each group, for that group's handle, at the same token
+    assert [r.seq for r in res.groups] == parts
+    assert {r.start for r in res.groups} == {9}
+    # anything else is refused by the decode plan, naming the argument
+    with pytest.raises(TypeError, match="store must be a BlockStore or a HybridStore, got object"):
+        plan_decode(object(), seq, 4)
 
 
 # -- the real Gemma 3 270M --------------------------------------------------------------------------------------------

@@ -17,49 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..serving.trace import Request, Trace  # noqa: F401  (defined with the serving trace; kept here too)
 from ..storage.block_table import BlockTable
-from ..storage.prefix_cache import PrefixCache, namespace_bytes
-
-
-@dataclass(frozen=True)
-class Request:
-    name: str
-    token_ids: torch.Tensor          # [T] int64 prompt
-    namespace: str | bytes | int | None = None     # prefix-cache namespace (None: shared by every request without one)
-    decode_tokens: int = 16
-
-    def __post_init__(self):
-        namespace_bytes(self.namespace)             # anything else is a TypeError here, before any replay
-
-
-@dataclass
-class Trace:
-    name: str
-    requests: list[Request]
-    notes: str = ""
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.requests)
-
-    def theoretical_hits(self, block_size: int = 1) -> list[int]:
-        """Per request: the longest prefix shared with an earlier request's prompt or
-        generated tokens can't be known in advance, so this counts prompts only: the longest
-        common prefix with any earlier prompt in the namespace, rounded down to whole blocks
-        and capped at len - 1."""
-        out = []
-        for i, r in enumerate(self.requests):
-            best = 0
-            for e in self.requests[:i]:
-                if e.namespace != r.namespace:
-                    continue
-                best = max(best, _lcp(r.token_ids, e.token_ids))
-            best = min(best, len(r.token_ids) - 1)
-            out.append(best // block_size * block_size)
-        return out
-
-    def max_hit_rate(self, block_size: int = 1) -> float:
-        return sum(self.theoretical_hits(block_size)) / self.prompt_tokens
+from ..storage.prefix_cache import PrefixCache
 
 
 class _Text:
@@ -262,9 +222,3 @@ def simulate(trace: Trace, block_size: int = 16, num_blocks: int = 4096, policy:
     res.evictions = cache.stats.evictions
     res.seconds = time.perf_counter() - t0
     return res
-
-
-def _lcp(a: torch.Tensor, b: torch.Tensor) -> int:
-    n = min(len(a), len(b))
-    diff = torch.nonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n

@@ -30,6 +30,7 @@ from ..core import cpu_paths
 from ..core.backend import BACKENDS, resolve
 from ..core.checks import check_choice, check_int, check_tensor
 from ..core.traffic import StepTraffic, attention_traffic
+from ..core.window import first_visible
 from ..storage.store import BlockStore, Sequence, check_decode_query
 
 
@@ -141,8 +142,8 @@ def _prefill_kv(q, store, seq, layer, fresh, start: int = 0, dtype: torch.dtype 
 
 
 def _prefill_start(N: int, T: int, window: int) -> int:
-    """The first key position a chunk of the last T of N tokens can see (0 without a window)."""
-    return max(0, N - T - window + 1) if window else 0
+    """The first key position a chunk of the last T of N tokens can see: its first query's (0 without a window)."""
+    return first_visible(N - T, window)
 
 
 def _prefill_window(q, seq, window: int) -> tuple[int, torch.Tensor | None]:

@@ -30,8 +30,9 @@ import torch
 from ..core.backend import cpp_available
 from ..core.checks import check_int
 from ..core.traffic import INDEX_BYTES, StepTraffic, attention_traffic, dense_traffic
+from ..core.window import first_visible
 from ..routing.router import Router, Selection
-from ..storage.store import BlockStore, Sequence
+from ..storage.store import BlockStore, Sequence, check_layer_groups
 from .decode import IMPLEMENTATIONS, AttentionResult, check_sparse_args
 
 
@@ -151,8 +152,7 @@ def plan_decode(store, seqs: Sequence | list[Sequence], num_q_heads: int, backen
                 router: Router | None = None, dense_layers: int = 0, record: bool = False,
                 on_route=None) -> DecodePlan:
     """Validate one decode step of `seqs` (one Sequence, or a list of B distinct ones) and lay it out."""
-    if not hasattr(store, "group_of") or not hasattr(store, "stores"):
-        raise TypeError(f"store must be a BlockStore or a HybridStore, got {type(store).__name__}")
+    check_layer_groups(store)
     seqs = [seqs] if isinstance(seqs, Sequence) else list(seqs)
     if not seqs:
         raise ValueError("seqs must hold at least one Sequence")
@@ -184,7 +184,7 @@ def plan_decode(store, seqs: Sequence | list[Sequence], num_q_heads: int, backen
         rows = []
         for s in seqs:
             p = store.parts(s)[gi]
-            first = max(0, p.num_tokens - w)                        # query N - 1 sees keys j >= N - w
+            first = first_visible(p.num_tokens - 1, w)              # the new token is the query at N - 1
             blocks = torch.arange(first // sub.config.block_size, p.num_blocks).expand(H, -1).contiguous()
             rows.append((p, blocks, first, step_traffic(sub, p, num_q_heads, blocks)))
         windows[gi] = rows

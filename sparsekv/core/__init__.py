@@ -1,3 +1,3 @@
-"""Layer 0: what every layer shares: argument checks, the byte model (`traffic`), the backend choice,
+"""Layer 1 (the runtime): what every layer shares: argument checks, the byte model (`traffic`), the backend choice,
 scratch buffers and timing helpers. Imports nothing else of sparsekv (the kernels only lazily).
 """

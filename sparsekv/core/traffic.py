@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .window import first_visible
+
 INDEX_BYTES = 4
 
 
@@ -53,11 +55,6 @@ def _selection_counts(blocks: torch.Tensor, num_tokens: int, block_size: int) ->
         counts = torch.stack([(valid & (blocks != last)).sum(), (blocks == last).sum(), valid.sum()]).tolist()
         full_hits, last_hits, picked = counts
     return full_hits * block_size + last_hits * partial, picked
-
-
-def valid_tokens_selected(blocks: torch.Tensor, num_tokens: int, block_size: int) -> int:
-    """Valid tokens covered by a selection `blocks` ([num_kv_heads, K], -1 padded), summed over heads."""
-    return _selection_counts(blocks, num_tokens, block_size)[0]
 
 
 def attention_traffic(blocks: torch.Tensor, num_tokens: int, block_size: int, head_dim: int,
@@ -221,9 +218,9 @@ def window_cache_bytes(window: int, *, layers: int, kv_heads: int, head_dim: int
     full = cache_bytes("lossless", layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens,
                        itemsize=itemsize, block_size=block_size, kv_bits=kv_bits, scale_itemsize=scale_itemsize)
     nb = -(-tokens // block_size)
-    kept = nb if keep_all else nb - max(0, tokens - window + 1) // block_size
+    kept = nb if keep_all else nb - first_visible(tokens, window) // block_size      # the next query's window
     row_bytes = full.read // (layers * kv_heads * 2 * tokens)          # one K or V row, codes and scale
-    rows = tokens - max(0, tokens - window) // block_size * block_size
+    rows = tokens - first_visible(tokens - 1, window) // block_size * block_size    # the last token's window
     return CacheBytes(full.held // nb * kept, layers * kv_heads * 2 * rows * row_bytes)
 
 

@@ -30,6 +30,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -39,6 +40,15 @@ from typing import Callable
 MANIFEST = "manifest.json"
 FORMAT = 1          # the manifest's layout; a different one is not trusted
 
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    """The sha256 of a file's bytes, as hex: what names a cache folder and what the fetch verifies."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 def path(source: str | Path, kind: str, digest: str) -> Path:
     """Where the `kind` cache of `source` (whose sha256 is `digest`) lives: `<kind>-<digest>/` beside it."""

@@ -176,7 +176,7 @@ def prepare(gguf: str | Path) -> Path:
 
 def _converted(gguf: Path) -> tuple[Path, str]:
     """The conversion folder of `gguf` (checked when it exists) and the file's sha256."""
-    from .fetch import sha256_file
+    from .cache_folder import sha256_file
     digest = sha256_file(gguf)
     folder = cache_folder.path(gguf, "converted", digest)
     if folder.exists() or folder.is_symlink():

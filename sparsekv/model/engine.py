@@ -186,10 +186,10 @@ class Engine:
         self._fused = None                                   # model.fused's step, built on the first decode
         self.prefix_cache = None
         if cfg.prefix_cache:
-            if set(c.mixers) != {"attn"}:
+            if set(c.layer_mixers) != {"attn"}:
                 raise ValueError("prefix_cache needs an all-attention model: conv and linear-attention state "
-                                 f"is not cached, and this model's mixers are {c.mixers}")
-            from ..storage.prefix_cache import make_prefix_cache
+                                 f"is not cached, and this model's mixers are {c.layer_mixers}")
+            from ..storage.hybrid_cache import make_prefix_cache
             self.prefix_cache = make_prefix_cache(self.store, policy=cfg.cache_policy,
                                                   high_watermark=cfg.cache_high_watermark,
                                                   low_watermark=cfg.cache_low_watermark)
@@ -396,9 +396,9 @@ class Engine:
         for s, st in zip(seqs, states):
             if st.next_logits is None:
                 raise ValueError(f"seq (id {s.seq_id}) has no logits to sample from; prefill it first")
-        if len(seqs) > 1 and any(kind != "attn" for kind in self.model.config.mixers):
+        if len(seqs) > 1 and any(kind != "attn" for kind in self.model.config.layer_mixers):
             raise ValueError(f"batched decode needs an all-attention model; this one's mixers are "
-                             f"{self.model.config.mixers}")
+                             f"{self.model.config.layer_mixers}")
         router = self.router if router is _ENGINE_DEFAULT else router
         toks = [int(sampler(st.next_logits)) for st in states]
         self._decode_step(list(seqs), states, toks, router, dense_layers)
@@ -432,7 +432,7 @@ class Engine:
                 return plan.run(layer, q)  # a decode step reads its own token from the store, as stored (k, v unused)
 
             ids, positions = torch.tensor(toks), torch.tensor([r.start for r in res])
-            if all(kind == "attn" for kind in self.model.config.mixers):
+            if all(kind == "attn" for kind in self.model.config.layer_mixers):
                 logits = self.model.forward_decode_batch(ids, positions, store, res, attend, head=head)
             else:                              # conv and linear mixers keep per-sequence state: one sequence here
                 logits = self.model(ids, positions, store, res[0], attend, state=states[0].mixer_state, head=head)

@@ -35,6 +35,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache_folder import sha256_file
+
 
 class ModelFetchError(RuntimeError):
     """The model file could not be fetched, or its bytes are not the pinned ones."""
@@ -98,12 +100,6 @@ def title(path: str | Path) -> str:
     return next((m.title for m in MODELS.values() if m.member == name and m.title), Path(path).stem)
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def model_path(spec: ModelFile = SMOLLM2, root: str | Path = ".") -> Path:

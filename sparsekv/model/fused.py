@@ -29,9 +29,9 @@ import torch
 from ..attention.plan import step_traffic
 from ..core.backend import resolve
 from ..core.traffic import INDEX_BYTES, StepTraffic, attention_traffic
+from ..core.window import first_visible
 from ..kernels.cpu_decode import splits_for
-from ..storage.hybrid import HybridStore
-from ..storage.store import BlockStore, Sequence
+from ..storage.store import BlockStore, LayerGroups, Sequence
 from . import quant
 from .model import Model
 
@@ -46,7 +46,7 @@ def why_not(model: Model, store) -> str | None:
     c = model.config
     if not cpu_decode.available() or not hasattr(torch.ops.sparsekv_cpu, "decode_layer"):
         return f"the CPU kernels are unavailable ({cpu_decode.reason()})"
-    if any(m != "attn" for m in c.mixers):
+    if any(m != "attn" for m in c.layer_mixers):
         return "every layer must be attention (no conv or linear mixer)"
     if c.positions == "none" or c.attention_bias or c.hidden_act not in _ACT:
         return "the model needs RoPE, no attention bias and a silu or tanh-GELU MLP"
@@ -56,10 +56,9 @@ def why_not(model: Model, store) -> str | None:
         projs += ([m.gate_up_proj] if m.gate_up_proj is not None else [m.gate_proj, m.up_proj]) + [m.down_proj]
         if not all(isinstance(p, QuantLinear) and p.bias is None for p in projs):
             return "the weights must be the gguf mode's (load_model(..., weights='gguf'))"
-    subs = store.stores if isinstance(store, HybridStore) else [store]
-    if not all(type(sub) is BlockStore for sub in subs):
+    if not isinstance(store, LayerGroups) or not all(type(sub) is BlockStore for sub in store.stores):
         return f"the store must be a BlockStore or a HybridStore of them (got {type(store).__name__})"
-    for sub in subs:
+    for sub in store.stores:
         sc = sub.config
         if sub.quantized or sc.dtype not in (torch.float32, torch.bfloat16) or sc.device.type != "cpu":
             return "the store must hold float32 or bfloat16 K/V on the CPU"
@@ -88,13 +87,13 @@ class FusedDecode:
         self.model, self.store = model, store
         c = model.config
         self._op = torch.ops.sparsekv_cpu.decode_layer
-        self._subs = store.stores if isinstance(store, HybridStore) else [store]
-        self._windows = store.group_windows if isinstance(store, HybridStore) else (0,)
+        self._subs = store.stores                          # one BlockStore per layer group (LayerGroups)
+        self._windows = store.group_windows
         self._layers = []
         self._int8 = []                         # (meta, index of a linear's int8 flag, its QuantLinear): _rebind
         empty = torch.zeros(0)
         for j, layer in enumerate(model.layers):
-            gi, jj = store.group_of(j) if isinstance(store, HybridStore) else (0, j)
+            gi, jj = store.group_of(j)
             sub = self._subs[gi]
             a, m = layer.mix, layer.mlp
             norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
@@ -172,13 +171,10 @@ class FusedDecode:
     def _groups(self, res, seq: Sequence, num_q_heads: int) -> list[tuple]:
         """Per layer group, what its layers share this step: (physical block and row of the new token, the block
         table, tokens, the blocks read when not routed [H, K], the first token attended, splits, their traffic)."""
-        hybrid = isinstance(self.store, HybridStore)
-        parts = self.store.parts(seq) if hybrid else [seq]
         out = []
-        for gi, (sub, part, window) in enumerate(zip(self._subs, parts, self._windows)):
-            r = res if not hybrid else (res.main if gi == 0 else res.parts[gi - 1])
+        for sub, part, window, r in zip(self._subs, self.store.parts(seq), self._windows, res.groups):
             sc = sub.config
-            first = max(0, part.num_tokens - window) if window else 0     # query N - 1 sees keys j >= N - window
+            first = first_visible(part.num_tokens - 1, window)           # the new token is the query at N - 1
             blocks = torch.arange(first // sc.block_size, part.num_blocks).expand(sc.num_kv_heads, -1).contiguous()
             table = sub.block_table(part)
             table = table.clamp(min=0) if part.released else table        # released rows are never read

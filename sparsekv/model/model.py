@@ -62,19 +62,22 @@ class ModelConfig:
     name: str = "custom"
 
     def __post_init__(self):
+        # Only `head_dim` is resolved in place (0 -> dim // n_heads). `mixers` and `windows` keep what was given (()
+        # stands for "every layer"), and the per-layer values are the properties `layer_mixers` and `layer_windows`:
+        # a field that held a value derived from n_layers would refuse `replace(config, n_layers=...)`.
         if self.head_dim == 0:
             self.head_dim = self.dim // self.n_heads
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        self.mixers = tuple(self.mixers) or ("attn",) * self.n_layers
-        if len(self.mixers) != self.n_layers or not set(self.mixers) <= {"attn", "conv", "linear"}:
+        self.mixers = tuple(self.mixers)
+        if self.mixers and len(self.mixers) != self.n_layers or not set(self.mixers) <= {"attn", "conv", "linear"}:
             raise ValueError(f"mixers must list n_layers={self.n_layers} of 'attn', 'conv', 'linear'; got {self.mixers}")
         if self.positions not in ("rope", "none"):
             raise ValueError(f"positions must be 'rope' or 'none', got {self.positions!r}")
-        self.windows = tuple(int(w) for w in self.windows) or (0,) * self.n_layers
-        if len(self.windows) != self.n_layers or min(self.windows) < 0:
+        self.windows = tuple(int(w) for w in self.windows)
+        if self.windows and (len(self.windows) != self.n_layers or min(self.windows) < 0):
             raise ValueError(f"windows must list n_layers={self.n_layers} entries >= 0 (0: global), got {self.windows}")
-        if any(w and m != "attn" for w, m in zip(self.windows, self.mixers)):
+        if any(w and m != "attn" for w, m in zip(self.layer_windows, self.layer_mixers)):
             raise ValueError("windows: only attention layers can have a sliding window")
         if self.block not in ("prenorm", "sandwich"):
             raise ValueError(f"block must be 'prenorm' or 'sandwich', got {self.block!r}")
@@ -82,14 +85,24 @@ class ModelConfig:
             raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}, got {self.hidden_act!r}")
 
     @property
+    def layer_mixers(self) -> tuple[str, ...]:
+        """The mixer of each model layer: `mixers`, or every layer "attn" when it is ()."""
+        return self.mixers or ("attn",) * self.n_layers
+
+    @property
+    def layer_windows(self) -> tuple[int, ...]:
+        """The window of each model layer (0: global): `windows`, or every layer 0 when it is ()."""
+        return self.windows or (0,) * self.n_layers
+
+    @property
     def attn_layers(self) -> list[int]:
         """Model layers whose K/V live in the block store (in store-layer order)."""
-        return [i for i, m in enumerate(self.mixers) if m == "attn"]
+        return [i for i, m in enumerate(self.layer_mixers) if m == "attn"]
 
     @property
     def store_windows(self) -> tuple[int, ...]:
         """The window of each store layer (0: global), in store-layer order."""
-        return tuple(self.windows[i] for i in self.attn_layers)
+        return tuple(self.layer_windows[i] for i in self.attn_layers)
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":
@@ -98,7 +111,9 @@ class ModelConfig:
         return replace(PRESETS[name], **overrides)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields with the per-layer lists written out (what a saved config.json holds): `ModelConfig(**d)`
+        builds the same model."""
+        return {**asdict(self), "mixers": self.layer_mixers, "windows": self.layer_windows}
 
 
 PRESETS: dict[str, ModelConfig] = {
@@ -432,7 +447,7 @@ class Model(nn.Module):
         if seed is not None:
             torch.manual_seed(seed)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.dim)
-        self.layers = nn.ModuleList(DecoderLayer(c, m, w) for m, w in zip(c.mixers, c.windows))
+        self.layers = nn.ModuleList(DecoderLayer(c, m, w) for m, w in zip(c.layer_mixers, c.layer_windows))
         self.store_layer = {layer: j for j, layer in enumerate(c.attn_layers)}   # model layer -> store layer
         self.norm = RMSNorm(c.dim, c.norm_eps, c.norm_offset)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
@@ -443,7 +458,7 @@ class Model(nn.Module):
         # gradients nearly cancel, and recall training sits on its plateau (measured: q/k gradients
         # 100x smaller than v/o).
         self.register_buffer("inv_freq", rope_frequencies(c), persistent=False)
-        self.local_rope = bool(c.rope_theta_local) and any(c.windows)       # the sliding layers' own rotary base
+        self.local_rope = bool(c.rope_theta_local) and any(c.layer_windows)  # the sliding layers' own rotary base
         self.register_buffer("inv_freq_local", rope_frequencies(c, c.rope_theta_local or c.rope_theta),
                              persistent=False)
         self.eval()
@@ -526,8 +541,8 @@ class Model(nn.Module):
         -> [B, Hq, D].
         All-attention models only (conv and linear mixers keep per-sequence state: decode those one at a time).
         """
-        if any(kind != "attn" for kind in self.config.mixers):
-            raise ValueError(f"batched decode needs an all-attention model; this one's mixers are {self.config.mixers}")
+        if any(kind != "attn" for kind in self.config.layer_mixers):
+            raise ValueError(f"batched decode needs an all-attention model; this one's mixers are {self.config.layer_mixers}")
         B = tokens.shape[0]
         if positions.shape != (B,) or len(reservations) != B:
             raise ValueError(f"tokens, positions and reservations must each have B={B} entries, got "

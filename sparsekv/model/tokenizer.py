@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import cache_folder
-from .fetch import sha256_file
+from .cache_folder import sha256_file
 
 SPACE = "\u2581"          # SentencePiece's escaped space, "▁"
 

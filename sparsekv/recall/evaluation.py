@@ -21,17 +21,12 @@ from . import tasks
 class RouterResult:
     correct: list[bool] = field(default_factory=list)     # one per scored answer
     depths: list[float] = field(default_factory=list)     # depth of the fact each answer needs
-    examples_right: list[bool] = field(default_factory=list)
     bytes_read: int = 0                                    # attention K/V + routing bytes, all feed steps
     answers: int = 0
 
     @property
     def accuracy(self) -> float:
         return sum(self.correct) / max(1, len(self.correct))
-
-    @property
-    def example_accuracy(self) -> float:
-        return sum(self.examples_right) / max(1, len(self.examples_right))
 
     @property
     def bytes_per_answer(self) -> float:
@@ -60,7 +55,6 @@ def evaluate_routers(model: Model, batch: tasks.Batch, routers: dict[str, Router
             res = out[name]
             res.correct += ok
             res.depths += batch.depths[b][: len(ok)].tolist()
-            res.examples_right.append(all(ok))
             st = engine.stats(seq)
             res.bytes_read += sum(s.kv_bytes + s.route_bytes for s in st.steps)
             res.answers += len(ok)
@@ -100,7 +94,6 @@ def evaluate_hf(model, batch: tasks.Batch, routers: dict[str, Router | None], bl
             ok = (logits[scored].argmax(-1) == targets[fq:T - 1][scored]).tolist()
             res.correct += ok
             res.depths += batch.depths[b][: len(ok)].tolist()
-            res.examples_right.append(all(ok))
             res.answers += len(ok)
         res.bytes_read = sum(s["kv_bytes"] + s["route_bytes"] for s in reg.steps)   # as in evaluate_routers
     return out

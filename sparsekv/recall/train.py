@@ -178,7 +178,7 @@ def model_card(model: Model, log: dict) -> str:
     def flag(name, value):
         return f" --{name} {json.dumps(value)!r}" if value else ""
     return (f"# {t['task']} ({t['preset']})\n\n"
-            f"- Architecture: mixers {list(c.mixers)}, width {c.dim}, {c.n_heads} query / {c.n_kv_heads} kv heads, "
+            f"- Architecture: mixers {list(c.layer_mixers)}, width {c.dim}, {c.n_heads} query / {c.n_kv_heads} kv heads, "
             f"positions {c.positions!r}, vocabulary {c.vocab_size}; {n / 1e6:.2f}M parameters.\n"
             f"- Task: `{t['task']}` {t['task_kwargs'] or ''} (sparsekv.recall.tasks), answers scored after each query token"
             f"{f'; validated with {eval_kw} on top' if eval_kw else ''}.\n"

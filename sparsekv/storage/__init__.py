@@ -1,3 +1,3 @@
-"""Layer 1: the lossless KV store: block pool, block store with per-block summaries, the prefix cache and
+"""Layer 2 (the runtime): the lossless KV store: block pool, block store with per-block summaries, the prefix cache and
 its eviction policies. Imports only `core`.
 """

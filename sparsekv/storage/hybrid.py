@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..core.checks import check_int
+from ..core.window import first_visible
 from .block_pool import StoreFullError
 from .block_table import Sequence
 from .store import BlockStore, LayerView, StoreConfig
@@ -58,6 +59,11 @@ class HybridReservation:
 
     main: object
     parts: tuple
+
+    @property
+    def groups(self) -> tuple:
+        """The reservation in each layer group (`HybridStore.stores` order): the global group's, then the others'."""
+        return (self.main, *self.parts)
 
     @property
     def start(self) -> int:
@@ -172,7 +178,7 @@ class HybridStore:
         self.check_room([seq], num_tokens)
         start = seq.num_tokens
         for g, s, p in zip(self.groups[1:], self.stores[1:], parts[1:]):
-            s.table.release_before(p, max(0, start - g.window + 1) // s.config.block_size)
+            s.table.release_before(p, first_visible(start, g.window) // s.config.block_size)
         return HybridReservation(self.main.reserve(seq, num_tokens),
                                  tuple(s.reserve(p, num_tokens) for s, p in zip(self.stores[1:], parts[1:])))
 
@@ -180,7 +186,7 @@ class HybridStore:
         """Release every sliding group's blocks that no later query of `seq` can reach (invariant 2); returns them."""
         parts, n = self.parts(seq), 0
         for g, s, p in zip(self.groups[1:], self.stores[1:], parts[1:]):
-            n += len(s.table.release_before(p, max(0, seq.num_tokens - g.window + 1) // s.config.block_size))
+            n += len(s.table.release_before(p, first_visible(seq.num_tokens, g.window) // s.config.block_size))
         return n
 
     def held_blocks(self, seq: Sequence) -> list[int]:

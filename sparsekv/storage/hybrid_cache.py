@@ -13,11 +13,14 @@ or at the end of a system prompt that other requests share, while the window the
 
     cache = HybridPrefixCache(store)          # store: a HybridStore (Engine(..., prefix_cache=True) builds one)
     hit = cache.attach(seq, prompt_ids)       # tokens reused, a multiple of block_size, < len(prompt_ids)
+
+`make_prefix_cache(store)` builds the cache for either kind of store (what the Engine calls).
 """
 from __future__ import annotations
 
 from collections import deque
 
+from ..core.window import first_visible
 from .hybrid import HybridStore
 from .prefix_cache import CacheStats, PrefixCache, _as_int64
 
@@ -54,7 +57,7 @@ class HybridPrefixCache:
         sees, or None if some group misses one of those blocks."""
         bs, out = self.block_size, []
         for g, cache in zip(self.store.groups[1:], self.caches[1:]):
-            first = max(0, n * bs - g.window + 1) // bs
+            first = first_visible(n * bs, g.window) // bs
             got = [cache._by_digest.get(digests[j]) for j in range(first, n)]
             if None in got:
                 return None
@@ -147,3 +150,13 @@ class HybridPrefixCache:
 
 
 __all__ = ["HybridPrefixCache"]
+
+
+def make_prefix_cache(store, **kwargs):
+    """The prefix cache for a store: a `PrefixCache` over a `BlockStore` (or a bare `BlockTable`), or a
+    `HybridPrefixCache` over a `HybridStore` (whose hits must be valid for every layer group). It lives here, where
+    both kinds are visible; `prefix_cache` cannot import this module back (hybrid caches are built of its
+    `PrefixCache`)."""
+    if isinstance(store, HybridStore):
+        return HybridPrefixCache(store, **kwargs)
+    return PrefixCache(store, **kwargs)

@@ -397,13 +397,3 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     n = min(len(a), len(b))
     diff = np.nonzero(a[:n] != b[:n])[0]
     return a[: (diff[0] if len(diff) else n)]
-
-
-def make_prefix_cache(store, **kwargs):
-    """The prefix cache for a store: a `PrefixCache` over a `BlockStore` (or a bare `BlockTable`), or a
-    `HybridPrefixCache` over a `HybridStore` (whose hits must be valid for every layer group)."""
-    from .hybrid import HybridStore
-    if isinstance(store, HybridStore):
-        from .hybrid_cache import HybridPrefixCache
-        return HybridPrefixCache(store, **kwargs)
-    return PrefixCache(store, **kwargs)

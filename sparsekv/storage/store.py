@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -183,16 +184,6 @@ class StoreConfig:
         """Bytes one token's K (or V) occupies in one kv head as stored: the stored width, scales included."""
         return self.head_dim * self.kv_itemsize + (SCALE_BYTES if self.kv_bits == 8 else 0)
 
-    @property
-    def tile_bytes(self) -> int:
-        """Bytes of one K (or V) tile: one block of one kv head in one layer, with its scales when int8."""
-        return self.block_size * self.kv_row_bytes
-
-    @property
-    def summary_bytes_per_tile(self) -> int:
-        """Bytes of the min, max and mean summaries of one tile (what minmax+mean read)."""
-        return sum(make_summary(n).bytes_per_tile(self) for n in ("kmin", "kmax", "kmean"))
-
 
 @dataclass(frozen=True)
 class LayerView:
@@ -219,6 +210,49 @@ class Reservation:
     block: torch.Tensor
     offset: torch.Tensor
     touched: tuple[int, ...]
+
+    @property
+    def groups(self) -> tuple["Reservation", ...]:
+        """The reservation in each layer group (`LayerGroups.stores` order): this one."""
+        return (self,)
+
+
+@runtime_checkable
+class LayerGroups(Protocol):
+    """A store as layer groups: what the decode plan and the fused step ask of a store, so that neither tests which
+    kind it is. `BlockStore` is one group of global layers; `storage.hybrid.HybridStore` a global group and one
+    group per sliding window. Group 0 is the one whose tables and reservations callers see (`main`).
+
+    1. `stores[gi]` is group gi's BlockStore, `group_windows[gi]` its window (0: global).
+    2. `parts(seq)[gi]` is `seq`'s handle in group gi; `group_of(layer)` is (gi, the layer's index in stores[gi]).
+    3. A reservation of the store (`reserve`) has `groups[gi]`, its slots in group gi.
+    4. `trim(seq)` releases what no later query of `seq` can reach (nothing, for global layers).
+    """
+
+    stores: list
+    group_windows: tuple
+
+    def parts(self, seq: Sequence) -> list[Sequence]: ...
+
+    def group_of(self, layer: int) -> tuple[int, int]: ...
+
+    def view(self, seq: Sequence, layer: int) -> "LayerView": ...
+
+    def trim(self, seq: Sequence) -> int: ...
+
+
+_LAYER_GROUP_CLASSES: set[type] = set()       # classes whose instances passed `check_layer_groups`
+
+
+def check_layer_groups(store, name: str = "store") -> None:
+    """TypeError unless `store` is a `LayerGroups` (a BlockStore or a HybridStore). The protocol check costs ~10 us
+    in Python 3.11 (it walks the protocol's members); it runs once per class, later calls are a set lookup (the
+    decode plan asks every step)."""
+    cls = type(store)
+    if cls not in _LAYER_GROUP_CLASSES:
+        if not isinstance(store, LayerGroups):
+            raise TypeError(f"{name} must be a BlockStore or a HybridStore, got {cls.__name__}")
+        _LAYER_GROUP_CLASSES.add(cls)
 
 
 class BlockStore:
@@ -336,7 +370,7 @@ class BlockStore:
             seq._cache["runs"] = runs_of(table)
         return seq._cache["runs"]
 
-    # -- the layer-group interface (a store is one group of global layers: see storage.hybrid) -------
+    # -- the layer-group interface (`LayerGroups`: a store is one group of global layers; see storage.hybrid) -------
     windows = property(lambda self: (0,) * self.config.num_layers, doc="each layer's window (0: global)")
     stores = property(lambda self: [self], doc="the store of each layer group: this one")
     group_windows = (0,)                      # each group's window

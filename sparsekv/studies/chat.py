@@ -27,7 +27,7 @@ import random
 import torch
 
 from ..analysis import corpus
-from ..analysis.workloads import Request, Trace
+from ..serving.trace import Request, Trace
 
 LAYOUTS = ("template", "segmented")
 _MARK = "\x00SPARSEKV-MSG{}\x00"

@@ -201,7 +201,7 @@ def measured_vs_model(engine: Engine, seq, num_q_heads: int) -> dict:
     counts them (`plan.dense_bytes` for each global layer, `plan.windows` for each sliding one)."""
     from ..attention.plan import plan_decode
     store, cfg = engine.store, engine.model.config
-    main = getattr(store, "main", store)
+    main = store.stores[0]                       # the global group (LayerGroups), the store itself if flat
     c = main.config
     kv_block, summary_block = main.block_bytes()
     windows = cfg.store_windows
@@ -213,7 +213,7 @@ def measured_vs_model(engine: Engine, seq, num_q_heads: int) -> dict:
                                summary_itemsize=s_item)
     plan = plan_decode(store, seq, num_q_heads, router=None)
     read = n_global * plan.dense_bytes[0].kv_bytes
-    for gi, w in enumerate(store.group_windows if hasattr(store, "group_windows") else (0,)):
+    for gi, w in enumerate(store.group_windows):
         if w:
             read += len(store.groups[gi].layers) * plan.windows[gi][0][3].kv_bytes
     return {"tokens": seq.num_tokens, "held_store": store.sequence_bytes(seq), "held_model": model.held,

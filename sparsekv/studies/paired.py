@@ -218,7 +218,7 @@ def load(model_path: str, prefill: str, block_size: int, length: int, scorers, i
     model = sk.load_model(model_path, **PREFILLS[prefill])
     tok = sk.load_tokenizer(model_path)
     hf = peers.hf_model(converted_folder(Path(model_path)))
-    windows = tuple(model.config.windows) if any(model.config.windows) else None
+    windows = model.config.layer_windows if any(model.config.layer_windows) else None
     store = dict(block_size=block_size, num_blocks=2 * (length // block_size + 16), progress=False,
                  summaries=summaries_for(tuple(scorers)))
     engines = {0: sk.Engine(model, **store)}

@@ -224,7 +224,7 @@ def method_bytes(method, tokens: int, *, layers: int, kv_heads: int, head_dim: i
     or a `peers.PeerMethod` (kept tokens from its ratio; HQQ with scales and zero-points of `itemsize` bytes and
     `residual` full-precision tokens, default the method's own, capped at `tokens`).
 
-    windows: a hybrid model's per-layer windows (0: global; `ModelConfig.windows`), or None (every layer global).
+    windows: a hybrid model's per-layer windows (0: global; `ModelConfig.layer_windows`), or None (every layer global).
     Then only the global layers differ between methods: the store routes them (`core.traffic.hybrid_cache_bytes`)
     and a press compresses them (`peers.compressing`); a sliding layer holds and reads its last min(window, tokens)
     tokens at `itemsize` (the store: whole blocks, `window_cache_bytes`), and the dense reference is the same. HQQ's

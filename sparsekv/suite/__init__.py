@@ -1,3 +1,3 @@
-"""Layer 6: the notebook suite: the papermill runner, metrics and checks, regression against baselines,
+"""Layer 9 (research, the top): the notebook suite: the papermill runner, metrics and checks, regression against baselines,
 the README findings, and shared figure pieces.
 """

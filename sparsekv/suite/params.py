@@ -17,7 +17,7 @@ the cache key as JSON. Anything else is a TypeError naming the notebook (or grid
 (`lengths[1]`, `layout["docs"]`); a name that is not a Python identifier is a ValueError. It returns a new dict of
 plain values (int keys as strings), which is what the caller passes on; the input is never changed.
 
-Called by `runner.smoke_parameters` and `runner.run_notebook` (every notebook run, smoke or full, serial or a
+Called by `runner.smoke_parameters` and `notebook.run_notebook` (every notebook run, smoke or full, serial or a
 sweep's cell) and by `sweep.Grid.from_dict` and `sweep.validate` (a grid is refused before any cell starts).
 """
 from __future__ import annotations

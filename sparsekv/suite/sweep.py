@@ -187,7 +187,7 @@ def run_cell(notebook: str, params: dict, cell_dir: str, threads: int, timeout: 
 
     threads: the kernel's OMP/MKL threads (the CPUs Ray reserved). figures_dir: where the notebook draws (default
     the cell's own `figures/`). env: more variables for the kernel (a `cpuconfig` configuration)."""
-    from .runner import run_notebook
+    from .notebook import run_notebook
     final = Path(cell_dir)
     scratch = final.parent / f".{final.name}.{os.getpid()}.{time.time_ns()}"
     scratch.mkdir(parents=True)
