@@ -43,19 +43,11 @@ if str(ROOT) not in sys.path:
 
 from sparsekv.core.profiling import median_time  # noqa: E402
 from sparsekv.storage.cold import KEY_BYTES, TAG_BYTES, ColdFile  # noqa: E402
+from sparsekv.suite.cpuconfig import cpu_model  # noqa: E402
 
 SIZES = [4096, 12288, 24576, 32768, 262144]
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux), else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main(argv=None) -> int:

@@ -91,14 +91,8 @@ def bf16_kernel() -> bool:
 
 def cpu_name() -> str:
     """This machine's CPU model, as /proc/cpuinfo names it (machines differ between runs: the README says which)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "unknown"
+    from sparsekv.suite.cpuconfig import cpu_model
+    return cpu_model()
 
 
 def prompt_ids(tok, n: int, kind: str = "prose", skip: int = 0) -> list[int]:

@@ -23,15 +23,27 @@ from pathlib import Path
 CONFIGS = ("native", "alt")
 
 
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+def _cpuinfo(field: str) -> str | None:
+    """The value of `field` for the first processor in /proc/cpuinfo (Linux; None elsewhere)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    return set((_cpuinfo("flags") or "").split())
+
+
+def cpu_model() -> str:
+    """This CPU's model name (/proc/cpuinfo, else platform.processor(), else "?"): machines differ between runs, and
+    a result says which it was measured on."""
+    import platform
+    return _cpuinfo("model name") or platform.processor() or "?"
 
 
 def alt_arch(flags: set[str] | None = None) -> str:
@@ -89,7 +101,7 @@ def describe(name: str, timeout: float = 600) -> dict:
     out["mkl"] = mkl.split(" for ", 1)[-1].split(" enabled processors")[0].split(", Lnx")[0].strip() or "?"
     isa = next((line for line in lines if line.startswith("onednn_verbose") and ",isa:" in line), "")
     out["onednn"] = isa.split(",isa:", 1)[-1].strip() or "?"
-    out["cpu"] = _model_name()
+    out["cpu"] = cpu_model()
     return out
 
 
@@ -98,14 +110,5 @@ def lacks_avx512(d: dict) -> bool:
     ATen, MKL or oneDNN, and no extension build with AVX-512 or the bfloat16 prefill kernel."""
     words = ("AVX512", "AVX-512", "AVX10", "AMX")
     libs = " ".join(str(d[k]) for k in ("aten", "mkl", "onednn")).upper()
-    return not any(w in libs for w in words) and d["extension_arch"] in ("x86-64-v3", "x86-64") and not d["bf16_prefill_kernel"]
-
-
-def _model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
+    portable_build = d["extension_arch"] in ("x86-64-v3", "x86-64") and not d["bf16_prefill_kernel"]
+    return not any(w in libs for w in words) and portable_build
