@@ -30,7 +30,7 @@ of 32 tokens from short prompts, the first position where each differs from llam
 side's logit gap between its own pick and the other's (a near tie there is a rounding difference, not a fault:
 llama.cpp rounds the activations of its matmuls to 8 bits, sparsekv keeps them in float32 but in the
 gguf-fused-int8 mode).
-Results go to benchmarks/results/vs_llamacpp.json (rendered into the README by `benchmarks.report`).
+Results go to benchmarks/results/vs_llamacpp.json (rendered into docs/benchmarks.md by `benchmarks.report`).
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def bf16_kernel() -> bool:
 
 
 def cpu_name() -> str:
-    """This machine's CPU model, as /proc/cpuinfo names it (machines differ between runs: the README says which)."""
+    """This machine's CPU model, as /proc/cpuinfo names it (runs differ in machine: docs/benchmarks.md says which)."""
     from sparsekv.suite.cpuconfig import cpu_model
     return cpu_model()
 

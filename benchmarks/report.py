@@ -1,7 +1,7 @@
-"""Render the committed benchmark results as Markdown tables, and keep the README's copy current.
+"""Render the committed benchmark results as Markdown tables, and keep the benchmarks page's copy current.
 
     python -m benchmarks.report            print the tables
-    python -m benchmarks.report --write    re-render the README's benchmark section (between its markers)
+    python -m benchmarks.report --write    re-render docs/benchmarks.md's tables (between its markers)
 """
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PAGE = RESULTS.parents[1] / "docs" / "benchmarks.md"      # the page that holds the markers
 
 
 def cpu_decode_table(path: Path = RESULTS / "cpu_decode.json") -> str:
@@ -264,25 +265,24 @@ def tables() -> str:
             + vs_llamacpp_tables())
 
 
-def readme_section(text: str) -> str:
+def page_section(text: str) -> str:
     if START not in text or END not in text:
-        raise ValueError(f"README has no benchmark markers ({START!r} ... {END!r})")
+        raise ValueError(f"the page has no benchmark markers ({START!r} ... {END!r})")
     return text.split(START, 1)[1].split(END, 1)[0].strip("\n")
 
 
-def write_readme(readme: Path) -> bool:
-    text = readme.read_text()
-    if readme_section(text) == tables():
+def write_page(page: Path = PAGE) -> bool:
+    text = page.read_text()
+    if page_section(text) == tables():
         return False
     head, rest = text.split(START, 1)
-    readme.write_text(head + START + "\n" + tables() + "\n" + END + rest.split(END, 1)[1])
+    page.write_text(head + START + "\n" + tables() + "\n" + END + rest.split(END, 1)[1])
     return True
 
 
 if __name__ == "__main__":
     import sys
     if "--write" in sys.argv:
-        readme = RESULTS.parents[1] / "README.md"
-        print("README benchmark tables re-rendered" if write_readme(readme) else "README benchmark tables already current")
+        print("docs/benchmarks.md re-rendered" if write_page() else "docs/benchmarks.md already current")
     else:
         print(tables())

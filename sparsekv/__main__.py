@@ -3,7 +3,7 @@
     notebooks run|smoke|baseline [names]   the papermill runner (suite.runner)
     train ...                              train a recall model (recall.train)
     fetch [--root DIR]                     fetch and verify the real model (model.fetch)
-    findings [--check]                     re-render the README findings from the metrics (suite.findings)
+    findings [--check]                     re-render docs/findings.md from the metrics (suite.findings)
     calibrate [--model M]                  calibrate the `labels` router's channels (analysis.calibrate)
     sweep NOTEBOOK --grid G.yaml           a parameter grid over a notebook, on Ray (suite.sweep)
 """

@@ -1,4 +1,5 @@
-"""The README's findings are rendered from the full-run metrics, so they cannot drift from them."""
+"""The findings page (docs/findings.md) is rendered from the full-run metrics, so it cannot drift from them, and so
+is the benchmarks page (docs/benchmarks.md) from benchmarks/results."""
 import json
 import shutil
 
@@ -10,10 +11,10 @@ from sparsekv.suite import findings
 CITED = sorted({src for f in findings.FINDINGS for src in f.values.values() if not callable(src)})
 
 
-def test_readme_findings_match_the_committed_full_run_metrics():
-    readme = (REPO / "README.md").read_text()
-    assert findings.section(readme) == findings.render(REPO / "figures"), \
-        "README findings differ from figures/*.metrics.json: run `python -m sparsekv findings`"
+def test_findings_page_matches_the_committed_full_run_metrics():
+    page = (REPO / findings.PAGE).read_text()
+    assert findings.section(page) == findings.render(REPO / "figures"), \
+        f"{findings.PAGE} differs from figures/*.metrics.json: run `python -m sparsekv findings`"
 
 
 def test_every_finding_cites_metrics_that_exist():
@@ -23,7 +24,7 @@ def test_every_finding_cites_metrics_that_exist():
 
 
 @pytest.mark.parametrize("cited", CITED, ids=[f"{s}:{k}" for s, k in CITED])
-def test_perturbing_a_cited_metric_breaks_the_readme_check(cited, tmp_path):
+def test_perturbing_a_cited_metric_breaks_the_page_check(cited, tmp_path):
     for f in (REPO / "figures").glob("*.metrics.json"):
         shutil.copy(f, tmp_path / f.name)
     stem, metric = cited
@@ -31,8 +32,8 @@ def test_perturbing_a_cited_metric_breaks_the_readme_check(cited, tmp_path):
     rec = json.loads(path.read_text())
     rec["metrics"][metric] = rec["metrics"][metric] * 1.37 + 0.211      # a visible move at any printed precision
     path.write_text(json.dumps(rec))
-    readme = (REPO / "README.md").read_text()
-    assert findings.section(readme) != findings.render(tmp_path)
+    page = (REPO / findings.PAGE).read_text()
+    assert findings.section(page) != findings.render(tmp_path)
 
 
 def test_a_missing_metric_is_named():
@@ -41,12 +42,12 @@ def test_a_missing_metric_is_named():
         f.render({"00_tour": {}})
 
 
-def test_readme_benchmark_tables_match_the_committed_results():
-    """The README's benchmark tables are rendered from benchmarks/results (loaded by path: the repository
+def test_benchmark_page_tables_match_the_committed_results():
+    """docs/benchmarks.md's tables are rendered from benchmarks/results (loaded by path: the repository
     root never goes on sys.path, where its kernels/ folder would shadow the PyPI `kernels` package)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("bench_report", REPO / "benchmarks" / "report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
-    readme = (REPO / "README.md").read_text()
-    assert report.readme_section(readme) == report.tables(), "run `python -m benchmarks.report --write`"
+    page = report.PAGE.read_text()
+    assert report.page_section(page) == report.tables(), "run `python -m benchmarks.report --write`"

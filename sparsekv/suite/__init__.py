@@ -1,3 +1,3 @@
 """Layer 9 (research, the top): the notebook suite: the papermill runner, metrics and checks, regression against baselines,
-the README findings, and shared figure pieces.
+the findings page, and shared figure pieces.
 """

@@ -127,7 +127,7 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
     if mode == "run" and all(r.status == "ok" for r in runs):
         from . import findings
         try:
-            changed = findings.update(root / "README.md", root / "figures")
+            changed = findings.update(root / findings.PAGE, root / "figures")
             print("README findings re-rendered from figures/*.metrics.json" if changed else
                   "README findings already match figures/*.metrics.json", file=stream, flush=True)
         except KeyError as exc:        # a finding cites a notebook that has not been run at full size yet
