@@ -154,6 +154,32 @@ def store():
     return make_store()
 
 
+def kv_for(tokens, start, store):
+    """Deterministic K/V for tokens at positions start.. (so cached content can be checked)."""
+    c = store.config
+    pos = torch.arange(start, start + len(tokens), dtype=torch.float32)
+    val = torch.as_tensor(tokens, dtype=torch.float32) * 1000 + pos
+    k = val[None, :, None, None].expand(c.num_layers, -1, c.num_kv_heads, c.head_dim).contiguous()
+    return k, -k
+
+
+def prefix_run(store, cache, tokens, ns=None):
+    """attach + append the rest + insert; returns the live sequence and the cached token count."""
+    seq = store.new_sequence()
+    hit = cache.attach(seq, tokens, ns)
+    store.append(seq, *kv_for(tokens[hit:], hit, store))
+    cache.insert(seq, tokens, ns)
+    return seq, hit
+
+
+@pytest.fixture
+def sc():
+    """A one-layer store of 8 blocks of 4 tokens and a PrefixCache over it (test_prefix_cache, test_hostile_state)."""
+    from sparsekv.storage.prefix_cache import PrefixCache
+    store = make_store(layers=1, kv_heads=1, head_dim=4, block_size=4, num_blocks=8, repr_keys=0)
+    return store, PrefixCache(store)
+
+
 @pytest.fixture(scope="module")
 def tiny_llama_hf():
     """transformers' LlamaForCausalLM with random weights: 3 layers, GQA 2, every layer global (kvpress hooks all).

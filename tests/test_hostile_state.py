@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import REPO, make_store
+from conftest import REPO
+from conftest import prefix_run as run
 
 import sparsekv as sk
 from sparsekv.analysis.workloads import Request
@@ -352,21 +353,6 @@ def test_o_direct_is_kept_where_the_file_system_allows_it_and_dropped_where_not(
 class Tenant:
     name: str
     salt: bytes = dataclasses.field(repr=False)                   # kept out of logs: and so out of repr
-
-
-def run(store, cache, tokens, ns=None):
-    seq = store.new_sequence()
-    hit = cache.attach(seq, tokens, ns)
-    k = torch.ones(1, len(tokens) - hit, 1, 4)
-    store.append(seq, k, k)
-    cache.insert(seq, tokens, ns)
-    return seq, hit
-
-
-@pytest.fixture
-def sc():
-    store = make_store(layers=1, kv_heads=1, head_dim=4, block_size=4, num_blocks=8, repr_keys=0)
-    return store, PrefixCache(store)
 
 
 def test_two_tenants_that_differ_only_in_a_repr_false_field_are_refused(sc):

@@ -1,34 +1,11 @@
 """The prefix cache: exact block ids, eviction order, namespaces, pins, and engine integration."""
 import pytest
 import torch
-from conftest import make_store
+from conftest import kv_for, make_store
+from conftest import prefix_run as run
 
 import sparsekv as sk
 from sparsekv.storage.prefix_cache import PrefixCache
-
-
-def kv_for(tokens, start, store):
-    """Deterministic K/V for tokens at positions start.. (so cached content can be checked)."""
-    c = store.config
-    pos = torch.arange(start, start + len(tokens), dtype=torch.float32)
-    val = torch.as_tensor(tokens, dtype=torch.float32) * 1000 + pos
-    k = val[None, :, None, None].expand(c.num_layers, -1, c.num_kv_heads, c.head_dim).contiguous()
-    return k, -k
-
-
-def run(store, cache, tokens, ns=None):
-    """attach + append the rest + insert; returns the live sequence and the cached token count."""
-    seq = store.new_sequence()
-    hit = cache.attach(seq, tokens, ns)
-    store.append(seq, *kv_for(tokens[hit:], hit, store))
-    cache.insert(seq, tokens, ns)
-    return seq, hit
-
-
-@pytest.fixture
-def sc():
-    store = make_store(layers=1, kv_heads=1, head_dim=4, block_size=4, num_blocks=8, repr_keys=0)
-    return store, PrefixCache(store)
 
 
 def test_match_returns_whole_blocks_and_leaves_the_last_token(sc):
