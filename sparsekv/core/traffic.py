@@ -159,8 +159,8 @@ def cache_bytes(family: str, *, layers: int, kv_heads: int, head_dim: int, token
                  channels (transformers' QuantizedCache, HQQ), the last `residual` in full precision;
                  held = read (dequantising reads every code, scale and zero-point).
       "lossless" sparsekv's store: whole blocks of `block_size` tokens (a partial last block holds a full
-                 tile), K/V in `itemsize` bytes or, with kv_bits=8, int8 codes plus a float scale per
-                 (token, kv head); `summaries_held` head_dim vectors per (block, kv head) kept. A step reads
+                 tile), K/V in `itemsize` bytes or, with kv_bits=8 (4), int8 codes (packed int4 nibbles)
+                 plus a float scale per (token, kv head); `summaries_held` head_dim vectors per (block, kv head) kept. A step reads
                  every row (budget None) or the rows of K = max(2, budget // block_size) blocks (the sink,
                  the local block and the best others, as `Router` selects), plus `summaries_read` vectors
                  per (block, kv head) to score them; summaries are `summary_itemsize` bytes per element
@@ -189,9 +189,9 @@ def cache_bytes(family: str, *, layers: int, kv_heads: int, head_dim: int, token
         per = -(-nq * D * bits // 8) + (nq * D // group) * 2 * scale_itemsize + residual * D * itemsize
         b = lh * 2 * per
         return CacheBytes(b, b)
-    if kv_bits not in (0, 8):
-        raise ValueError(f"kv_bits must be 0 or 8, got {kv_bits!r}")
-    row = D * (1 if kv_bits == 8 else itemsize) + (scale_itemsize if kv_bits == 8 else 0)
+    if kv_bits not in (0, 8, 4):
+        raise ValueError(f"kv_bits must be 0, 8 or 4, got {kv_bits!r}")
+    row = D * itemsize if not kv_bits else -(-D * kv_bits // 8) + scale_itemsize
     si = itemsize if summary_itemsize is None else summary_itemsize
     nb = -(-tokens // block_size)
     held = lh * nb * (2 * block_size * row + summaries_held * D * si)

@@ -77,7 +77,7 @@ class StoreConfig:
     device: torch.device | str = "cpu"
     repr_keys: int = 4       # representative keys kept per block for the `repr` scorer (0: none)
     summaries: tuple[str, ...] = DEFAULT_SUMMARIES   # per-block summaries kept (names in `SUMMARIES`)
-    kv_bits: int = 0         # 0: K/V stored in `dtype`; 8: int8 codes, one float32 scale per (token, kv head)
+    kv_bits: int = 0         # 0: K/V stored in `dtype`; 8 / 4: int8 / int4 codes, one float32 scale per (token, kv head)
     summary_dtype: torch.dtype | str | None = None   # summaries' dtype (None: `dtype`); bf16 halves routing bytes,
                                                      # with min rounded down and max rounded up (bounds stay safe)
     cold_dir: str | os.PathLike | None = None   # a cold tier: K/V tiles beyond the hot ones live in a file here
@@ -94,8 +94,9 @@ class StoreConfig:
         for name in ("block_size", "num_blocks"):
             check_int(name, getattr(self, name), lo=1)
         check_int("repr_keys", self.repr_keys, lo=0)
-        if self.kv_bits not in (0, 8) or isinstance(self.kv_bits, bool):
-            raise ValueError(f"kv_bits must be 0 (K/V in dtype) or 8 (int8 with per-token scales), got {self.kv_bits!r}")
+        if self.kv_bits not in (0, 8, 4) or isinstance(self.kv_bits, bool):
+            raise ValueError(f"kv_bits must be 0 (K/V in dtype), 8 or 4 (int8 / int4 codes with per-token scales), "
+                             f"got {self.kv_bits!r}")
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         self.dtype = None if self.dtype is None else _float_dtype("dtype", self.dtype)
@@ -176,12 +177,15 @@ class StoreConfig:
 
     @property
     def kv_itemsize(self) -> int:
-        """Bytes per stored K or V element (1 for int8 codes)."""
-        return 1 if self.kv_bits == 8 else self.itemsize
+        """Bytes per stored K or V element in memory (1 for int8 codes, and for int4 codes in their int8 containers)."""
+        return 1 if self.kv_bits else self.itemsize
 
     @property
     def kv_row_bytes(self) -> int:
-        """Bytes one token's K (or V) occupies in one kv head as stored: the stored width, scales included."""
+        """Bytes one token's K (or V) occupies in one kv head as stored: the stored width, scales included (int4:
+        packed nibbles, `codec.Int4Codec.row_bytes`)."""
+        if self.kv_bits == 4:
+            return -(-self.head_dim // 2) + SCALE_BYTES
         return self.head_dim * self.kv_itemsize + (SCALE_BYTES if self.kv_bits == 8 else 0)
 
 
