@@ -128,6 +128,8 @@ def test_a_failing_cell_is_recorded_with_its_traceback_and_the_others_finish(tmp
     ({"params": {"a": 1}}, TypeError, "must be a non-empty list"),
     ({"params": {}}, ValueError, "no cells"),
     ({"grid": {}}, ValueError, "unknown"),
+    ({"params": {"a": [1]}, "pin": ""}, ValueError, "pin must be a non-empty string"),
+    ({"params": {"a": [1]}, "pin": 3}, ValueError, "pin must be a non-empty string"),
 ])
 def test_a_bad_grid_is_refused_before_any_cell_runs(tmp_path, spec, exc, words):
     with pytest.raises(exc, match=words):
@@ -146,6 +148,19 @@ def test_the_cache_key_follows_the_source_the_parameters_and_the_version(tmp_pat
     nb["cells"][2]["source"].append("x = 1\n")
     (tmp_path / "edited.ipynb").write_text(json.dumps(nb))
     assert sw.cell_key(tmp_path / "edited.ipynb", {"a": 1}, "1.0") != k
+
+
+def test_a_pinned_grid_keys_its_cells_on_the_notebook_s_name_the_parameters_and_the_pin_alone(tmp_path):
+    """A grid that spans sessions: editing the notebook or the package keeps its finished cells; a new pin reruns."""
+    k = sw.cell_key(TINY, {"a": 1}, "1.0", pin="study-1")
+    assert k == sw.cell_key(TINY, {"a": 1}, "9.9", pin="study-1")            # another package version
+    nb = json.loads(TINY.read_text())
+    nb["cells"][2]["source"].append("x = 1\n")
+    (tmp_path / TINY.name).write_text(json.dumps(nb))
+    assert sw.cell_key(tmp_path / TINY.name, {"a": 1}, "1.0", pin="study-1") == k     # an edited notebook
+    assert len({k, sw.cell_key(TINY, {"a": 2}, "1.0", pin="study-1"), sw.cell_key(TINY, {"a": 1}, "1.0", pin="study-2"),
+                sw.cell_key(TINY, {"a": 1}, "1.0")}) == 4
+    assert sw.Grid.from_dict({"params": {"a": [1]}, "pin": "study-1"}).pin == "study-1"
 
 
 def test_plot_draws_a_metric_against_a_parameter(tmp_path):

@@ -7,6 +7,7 @@ A grid (YAML) names parameter lists, whose product is taken, and/or explicit cel
     cells:  [{block_size: 32, budgets: [128]}]               # and any cell written out
     threads: 1                                  # torch/OpenMP threads per cell, and the CPUs Ray gives it
     gpus: 0                                     # GPUs Ray gives each cell (1 for a GPU notebook)
+    pin: equal-bytes-1                          # optional: the cells' code version, declared (see below)
 
 Each cell is one papermill execution of the notebook with those parameters, as one Ray task. Every parameter is
 checked against the notebook's `parameters` cell before anything runs: an unknown name or a value of another type
@@ -16,7 +17,11 @@ Without `--address`, Ray starts embedded on this machine with as many CPUs as th
 `--address auto` or `ray://host:port` runs the same command on a cluster, whose nodes need this package installed.
 
 The cache key of a cell is a hash of the notebook's cells (their source, not their outputs), the cell's parameters
-and the package version: change any of them and the cell runs again; change nothing and a re-run skips it. A
+and the package version: change any of them and the cell runs again; change nothing and a re-run skips it. A grid
+that spans sessions declares `pin` instead: its key is then a hash of the notebook's name, the parameters and the pin
+alone, so an edit elsewhere in the package (or to the notebook's analysis cells) keeps the finished cells, and
+bumping the pin is the one way to rerun them all. A pin is a promise that the code computing a cell is unchanged;
+each cell's `status.json` records the package version it really ran, so the promise can be audited. A
 cell's folder `DIR/cells/KEY/` holds `params.json`, the executed notebook, `metrics.json` and `status.json`,
 written in a scratch folder and moved into place in one rename, so an interrupted sweep (Ctrl-C, a killed worker)
 loses at most the cells in flight. A failing cell records its error and traceback in `status.json` and the others
@@ -58,14 +63,15 @@ class Grid:
     cells: tuple[dict, ...]
     threads: int = 1
     gpus: int = 0
+    pin: str | None = None
 
     @classmethod
     def from_dict(cls, spec: dict) -> "Grid":
         if not isinstance(spec, dict):
             raise TypeError(f"grid must be a mapping with base/params/cells, got {type(spec).__name__}")
-        unknown = sorted(set(spec) - {"base", "params", "cells", "threads", "gpus"})
+        unknown = sorted(set(spec) - {"base", "params", "cells", "threads", "gpus", "pin"})
         if unknown:
-            raise ValueError(f"grid keys must be base, params, cells, threads, gpus; got unknown {unknown}")
+            raise ValueError(f"grid keys must be base, params, cells, threads, gpus, pin; got unknown {unknown}")
         base = spec.get("base") or {}
         params = spec.get("params") or {}
         explicit = spec.get("cells") or []
@@ -93,7 +99,10 @@ class Grid:
         for name, v, lo in (("threads", threads, 1), ("gpus", gpus, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"grid {name} must be an int >= {lo}, got {v!r}")
-        return cls(tuple(unique), threads, gpus)
+        pin = spec.get("pin")
+        if pin is not None and (not isinstance(pin, str) or not pin.strip()):
+            raise ValueError(f"grid pin must be a non-empty string (the cells' declared code version), got {pin!r}")
+        return cls(tuple(unique), threads, gpus, pin)
 
     @classmethod
     def load(cls, path: str | Path) -> "Grid":
@@ -168,9 +177,14 @@ def source_digest() -> str:
     return h.hexdigest()[:12]
 
 
-def cell_key(notebook: str | Path, params: dict, version: str | None = None, env: dict | None = None) -> str:
+def cell_key(notebook: str | Path, params: dict, version: str | None = None, env: dict | None = None,
+             pin: str | None = None) -> str:
     """16 hex digits of sha256 over the notebook's cell sources, the parameters, the package version (with its
-    source digest) and, where given, the environment the cell's kernel is forced into (`cpuconfig`)."""
+    source digest) and, where given, the environment the cell's kernel is forced into (`cpuconfig`). With `pin` (a
+    grid's declared code version): over the notebook's name, the parameters and the pin only."""
+    if pin is not None:
+        spec = {"notebook": Path(notebook).name, "params": params, "pin": pin}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     nb = json.loads(Path(notebook).read_text())
     source = [(c["cell_type"], "".join(c["source"])) for c in nb["cells"]]
     spec = {"source": source, "params": params, "version": version or package_version()}
@@ -202,7 +216,8 @@ def run_cell(notebook: str, params: dict, cell_dir: str, threads: int, timeout: 
     except Exception as exc:                # the runner itself failed (a missing kernel, a full disk)
         status = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
                   "seconds": time.time() - t0}
-    status.update(params=params, notebook=Path(notebook).name, finished=time.time(), pid=os.getpid(), threads=threads)
+    status.update(params=params, notebook=Path(notebook).name, finished=time.time(), pid=os.getpid(), threads=threads,
+                  version=package_version())
     (scratch / "params.json").write_text(json.dumps(params, indent=1, sort_keys=True))
     (scratch / "status.json").write_text(json.dumps(status, indent=1))
     if final.exists():
@@ -274,10 +289,12 @@ def sweep(notebook: str | Path, grid: Grid, out: str | Path, address: str | None
     validate(grid, notebook)
     out = Path(out).resolve()
     version = package_version()
-    jobs = [Job(cell_key(notebook, c, version), notebook, c, grid.threads, grid.gpus) for c in grid.cells]
+    jobs = [Job(cell_key(notebook, c, version, pin=grid.pin), notebook, c, grid.threads, grid.gpus)
+            for c in grid.cells]
     (out / "cells").mkdir(parents=True, exist_ok=True)
     (out / "grid.json").write_text(json.dumps({"notebook": str(notebook), "cells": {j.key: j.params for j in jobs},
-                                               "threads": grid.threads, "gpus": grid.gpus}, indent=1))
+                                               "threads": grid.threads, "gpus": grid.gpus, "pin": grid.pin},
+                                              indent=1))
     return run_jobs(jobs, out, address, workers, timeout, progress, desc=f"sweep {notebook.stem}")
 
 
