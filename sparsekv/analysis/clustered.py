@@ -615,17 +615,29 @@ class ContrastPlan:
     def evaluate(self, outcomes: Mapping[str, Sequence[float]], docs, *, digest: str | None = None) -> ContrastTable:
         """Every declared contrast on `outcomes` (method name -> (N,) per-question outcomes, aligned with `docs`).
         Methods the plan does not name are ignored; a missing one is a ValueError."""
-        if digest is not None and digest != self.digest:
-            raise ValueError(f"digest does not match this plan: recorded {digest[:12]}..., plan {self.digest[:12]}...; "
-                             f"the contrasts or settings changed after they were recorded")
         if not isinstance(outcomes, Mapping):
             raise TypeError(f"outcomes must map method names to per-question outcomes, got {type(outcomes).__name__}")
         missing = sorted({m for c in self._contrasts for m in (c.method_a, c.method_b)} - set(outcomes))
         if missing:
             raise ValueError(f"outcomes has no entry for declared methods {missing}")
+        return self.evaluate_pairs({c.name: (outcomes[c.method_a], outcomes[c.method_b], docs) for c in self._contrasts},
+                                   digest=digest)
+
+    def evaluate_pairs(self, pairs: Mapping[str, tuple], *, digest: str | None = None) -> ContrastTable:
+        """Every declared contrast on its own paired outcomes: contrast name -> (a, b, docs), each (N,) and aligned,
+        N and the documents free to differ between contrasts (a study whose contrasts sit in different cells).
+        One Holm family over all of them; a contrast without outcomes is a ValueError."""
+        if digest is not None and digest != self.digest:
+            raise ValueError(f"digest does not match this plan: recorded {digest[:12]}..., plan {self.digest[:12]}...; "
+                             f"the contrasts or settings changed after they were recorded")
+        if not isinstance(pairs, Mapping):
+            raise TypeError(f"pairs must map contrast names to (a, b, docs), got {type(pairs).__name__}")
+        missing = [n for n in self.names if n not in pairs]
+        if missing:
+            raise ValueError(f"pairs has no outcomes for declared contrasts {missing}")
         results = []
         for c in self._contrasts:
-            a, b = outcomes[c.method_a], outcomes[c.method_b]
+            a, b, docs = pairs[c.name]
             if c.kind == "difference":
                 r = paired_difference(a, b, docs, level=self.level, reps=self.reps, seed=self.seed, test=self.test,
                                       binary=c.binary)
