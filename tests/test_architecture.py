@@ -5,7 +5,8 @@ Layers, bottom to top (a module imports only its own layer's siblings in the sam
 below; each subpackage's docstring states its number):
 
     the runtime   0 kernels < 1 core < 2 storage < 3 routing < 4 attention < 5 model < 6 serving
-    research      7 analysis, recall (the instruments; siblings that do not import each other)
+    research      7 analysis, recall, methods (the instruments and what a study compares; siblings that do not
+                  import each other)
                   < 8 studies (one module per notebook or benchmark) < 9 suite (the runner, findings, explorers, viz)
 
 The runtime never imports the research side, at module level or inside a function.
@@ -23,7 +24,7 @@ from sparsekv.analysis.probes import ProbeConfig, needle
 
 PKG = pathlib.Path(sk.__file__).parent
 LAYER = {"kernels": 0, "core": 1, "storage": 2, "routing": 3, "attention": 4, "model": 5, "serving": 6,
-         "analysis": 7, "recall": 7, "studies": 8, "suite": 9}
+         "analysis": 7, "recall": 7, "methods": 7, "studies": 8, "suite": 9}
 RUNTIME = {name for name, layer in LAYER.items() if layer <= LAYER["serving"]}
 RESEARCH = set(LAYER) - RUNTIME
 

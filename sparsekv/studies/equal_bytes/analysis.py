@@ -1,0 +1,140 @@
+"""Every finished cell of the equal-bytes study read as one table, and what may be said from it.
+
+    load_rows(*folders)        every cell's rows (`run.COLUMNS`) under the folders, one DataFrame
+    dense_cells(pilot)         per (model, length, task): sparsekv dense's pilot accuracy, documents, and whether it
+                               is a headline cell (`design.HEADLINE_MIN`)
+    curves(rows)               per (model, length, task, method): documents, questions, accuracy with a cluster
+                               bootstrap interval over documents, bytes read and held, mean answer KL
+    contrast_table(rows, ...)  the pre-listed contrasts of every headline cell with enough documents, one Holm family
+    coverage(rows)             documents finished per (model, length, task) and method: what the grid still owes
+
+A headline cell needs MIN_DOCS documents (the unit of replication) in every method it compares; below that its
+contrasts are listed as owed, never tested.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...analysis import clustered
+from . import design as dz
+
+MIN_DOCS = 30
+KEYS = ["model", "length", "task"]
+
+
+def load_rows(*folders) -> "pd.DataFrame":
+    """Every `*.rows.csv` under the folders (a sweep's `cells/KEY/` folders, or any folder), concatenated; a
+    question answered twice by one method (a cell run twice) is kept once."""
+    import pandas as pd
+    files = sorted(f for d in folders if d for f in Path(d).rglob("*.rows.csv"))
+    if not files:
+        return pd.DataFrame(columns=["model", "length", "task", "split", "doc", "question", "method", "correct"])
+    df = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    return df.drop_duplicates(["model", "length", "task", "split", "doc", "question", "method"], keep="last")
+
+
+def dense_cells(pilot, threshold: float = dz.HEADLINE_MIN) -> "pd.DataFrame":
+    """Per (model, length, task) of the pilot rows: sparsekv dense's accuracy (pooled over questions), its cluster
+    bootstrap 95% interval, documents, questions, and "headline" (accuracy >= threshold)."""
+    import pandas as pd
+    out = []
+    d = pilot[(pilot["method"] == "dense")]
+    for key, g in d.groupby(KEYS):
+        a = clustered.accuracy(g["correct"].astype(float).to_numpy(), g["doc"].to_numpy())
+        out.append({**dict(zip(KEYS, key)), "docs": g["doc"].nunique(), "questions": len(g), "dense": a.estimate,
+                    "lo": a.lo, "hi": a.hi, "headline": bool(a.estimate >= threshold)})
+    return pd.DataFrame(out, columns=KEYS + ["docs", "questions", "dense", "lo", "hi", "headline"])
+
+
+def curves(rows) -> "pd.DataFrame":
+    """One row per (model, length, task, method) with its line, family, knob, rule, docs, questions, accuracy and a
+    95% cluster-bootstrap interval (documents resampled), bytes read and held (shares of bf16 dense) and the mean
+    answer-token KL to its engine's dense (nats)."""
+    import pandas as pd
+    out = []
+    for key, g in rows.groupby(KEYS + ["method"]):
+        if len(g) == 0:
+            continue
+        docs = g["doc"].to_numpy()
+        c = g["correct"].astype(float).to_numpy()
+        if g["doc"].nunique() >= 2:
+            a = clustered.accuracy(c, docs)
+            est, lo, hi = a.estimate, a.lo, a.hi
+        else:                                          # one document: no interval over documents exists
+            est, lo, hi = float(c.mean()), float("nan"), float("nan")
+        first = g.iloc[0]
+        out.append({**dict(zip(KEYS + ["method"], key)), "line": first["line"], "family": first["family"],
+                    "engine": first["engine"], "knob": first["knob"], "rule": first["rule"],
+                    "kv_bits": first["kv_bits"], "docs": g["doc"].nunique(), "questions": len(g), "accuracy": est,
+                    "lo": lo, "hi": hi, "read": first["read"], "held": first["held"],
+                    "kl": float(np.nanmean(g["kl"].astype(float))) if g["kl"].notna().any() else float("nan")})
+    return pd.DataFrame(out)
+
+
+def coverage(rows) -> "pd.DataFrame":
+    """Documents finished per (model, length, task, split) and the fewest over its methods: what the grid owes."""
+    g = rows.groupby(KEYS + ["split", "method"])["doc"].nunique().reset_index()
+    return g.groupby(KEYS + ["split"])["doc"].agg(["min", "max"]).rename(
+        columns={"min": "docs (fewest method)", "max": "docs (most)"}).reset_index()
+
+
+def cell_name(model: str, length: int, task: str) -> str:
+    return f"{model} {length // 1024}k {task}" if length % 1024 == 0 else f"{model} {length} {task}"
+
+
+def plan(rows, headline, design: dz.Design = dz.Design()) -> clustered.ContrastPlan | None:
+    """The study's one family: every headline cell's pre-listed contrasts (`design.contrasts`) whose methods have
+    MIN_DOCS documents. Headline cells come from the pilot (`dense_cells`), never from these rows. None when no
+    contrast is ready."""
+    out = []
+    for _, h in headline[headline["headline"]].iterrows():
+        g = rows[(rows["model"] == h["model"]) & (rows["length"] == h["length"]) & (rows["task"] == h["task"])
+                 & (rows["split"] == "study")]
+        if g.empty:
+            continue
+        docs = g.groupby("method")["doc"].nunique()
+        nbytes = {m: {"read": x["read"], "held": x["held"]} for m, x in g.groupby("method").first().iterrows()
+                  if docs[m] >= MIN_DOCS}
+        out += dz.contrasts(cell_name(h["model"], h["length"], h["task"]), nbytes, design)
+    return clustered.ContrastPlan(out) if out else None
+
+
+def owed(rows, headline, design: dz.Design = dz.Design()) -> "pd.DataFrame":
+    """The headline cells' contrasts not yet testable: each with the documents its methods have so far."""
+    import pandas as pd
+    out = []
+    for _, h in headline[headline["headline"]].iterrows():
+        g = rows[(rows["model"] == h["model"]) & (rows["length"] == h["length"]) & (rows["task"] == h["task"])
+                 & (rows["split"] == "study")]
+        nbytes = {m: {"read": x["read"], "held": x["held"]} for m, x in g.groupby("method").first().iterrows()}
+        docs = g.groupby("method")["doc"].nunique()
+        for c in dz.contrasts(cell_name(h["model"], h["length"], h["task"]), nbytes, design):
+            n = int(min(docs.get(c.method_a, 0), docs.get(c.method_b, 0)))
+            if n < MIN_DOCS:
+                out.append({"contrast": c.name, "documents": n, "needed": MIN_DOCS})
+    return pd.DataFrame(out, columns=["contrast", "documents", "needed"])
+
+
+def contrast_table(rows, headline, design: dz.Design = dz.Design()) -> clustered.ContrastTable | None:
+    """Evaluate `plan(rows, headline)`: each contrast on the questions both its methods answered (matched by
+    document and question), Holm over the whole family; None when no contrast is ready."""
+    p = plan(rows, headline, design)
+    if p is None:
+        return None
+    pairs = {}
+    for c in p.contrasts:
+        cell = c.name.split(":")[0]
+        named = np.array([cell_name(m, n, t) == cell for m, n, t in zip(rows["model"], rows["length"], rows["task"])])
+        g = rows[named & (rows["split"] == "study").to_numpy()]
+        a = g[g["method"] == c.method_a].set_index(["doc", "question"])["correct"]
+        b = g[g["method"] == c.method_b].set_index(["doc", "question"])["correct"]
+        common = a.index.intersection(b.index).sort_values()
+        pairs[c.name] = (a[common].astype(float).to_numpy(), b[common].astype(float).to_numpy(),
+                         np.array([d for d, _ in common]))
+    return p.evaluate_pairs(pairs)
+
+
+__all__ = ["MIN_DOCS", "load_rows", "dense_cells", "curves", "coverage", "cell_name", "plan", "owed",
+           "contrast_table"]

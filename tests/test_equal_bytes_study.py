@@ -1,0 +1,184 @@
+"""The equal-bytes study (notebook 24, issue 55): methods as values, the design fixed before the run, the claim that
+a router's store needs only its scorer's summaries, and the analysis (headline rule, clustered intervals, one Holm
+family over the pre-listed contrasts) on synthetic rows whose truth is known."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import sparsekv as sk
+from sparsekv import methods as mt
+from sparsekv.analysis import clustered
+from sparsekv.studies.equal_bytes import analysis as an, design as dz, run as rn
+
+
+# -- methods --------------------------------------------------------------------------------------
+
+def test_a_method_s_line_knob_and_name_come_from_its_fields():
+    m = mt.Method("router", "sparsekv", "mean", 8, 4, 0.125, rule="routed")
+    assert (m.line, m.knob, m.name) == ("int4 mean/8, routed question", 0.125, "int4 mean/8, routed question@0.125")
+    assert mt.Method("press", "transformers", press="SnapKVPress", share=0.25, question_aware=True).name == \
+        "SnapKV, question-aware@0.25"
+    assert mt.Method("quant", "transformers", bits=4).name == "HQQ4"
+    assert [m.line for m in (mt.Method("dense", "sparsekv"), mt.Method("dense", "sparsekv", kv_bits=8),
+                             mt.Method("dense", "transformers"))] == ["dense", "int8 dense", "transformers dense"]
+    assert [m.name for m in mt.routers(["halves", "mean/8"], [0.5], block_sizes=(16, 32))] == \
+        ["halves/16@0.5", "halves/32@0.5", "mean/8@0.5"]
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(family="evict", engine="sparsekv"), "family must be one of"),
+    (dict(family="router", engine="sparsekv", scorer="halves", share=0), r"share in \(0, 1\]"),
+    (dict(family="router", engine="transformers", scorer="halves", share=0.5), "runs on sparsekv"),
+    (dict(family="press", engine="transformers", press="SnapKVPress", share=0.5, rule="routed"), "'routed' only"),
+    (dict(family="quant", engine="transformers", bits=3), r"bits in \(2, 4, 8\)"),
+    (dict(family="dense", engine="transformers", kv_bits=8), "sparsekv's store only"),
+    (dict(family="dense", engine="sparsekv", share=0.5), "share must be None"),
+])
+def test_a_bad_method_is_refused_naming_the_field(kw, words):
+    with pytest.raises(ValueError, match=words):
+        mt.Method(**kw)
+
+
+# -- the design -----------------------------------------------------------------------------------
+
+def test_the_design_lists_every_family_and_the_pilot_only_dense():
+    d = dz.Design()
+    names = [m.name for m in d.methods()]
+    assert len(names) == len(set(names)) and names[0] == "dense"
+    assert {"int8 dense", "int4 dense", "transformers dense", "HQQ2", "HQQ8", "oracle/16@0.25",
+            "halves/16, routed question@0.015625", "int4 halves/16@0.125", "SnapKV, question-aware@0.125"} <= set(names)
+    assert [m.name for m in dz.pilot().methods()] == ["dense"]
+    with pytest.raises(ValueError, match="include the headline rule"):
+        dz.Design(rules=["routed"])
+    with pytest.raises(TypeError, match="scorers must be a list"):
+        dz.Design(scorers="halves")
+
+
+def test_the_contrasts_depend_on_the_byte_model_never_on_outcomes():
+    """Matched bytes pick the router point nearest the peer on the byte model; the list is the same for any
+    outcomes, and a method the design lacks drops its contrast."""
+    d = dz.Design(shares=(0.0625, 0.125, 0.25))
+    nbytes = {m.name: {"read": 0.0, "held": 1.0} for m in d.methods()}
+    for s, r in ((0.0625, 0.10), (0.125, 0.17), (0.25, 0.31)):
+        nbytes[f"halves/16@{s:g}"] = {"read": r, "held": 1.06}
+        nbytes[f"int4 halves/16@{s:g}"] = {"read": r / 3, "held": 0.33 + s / 100}
+    nbytes["HQQ4"] = {"read": 0.29, "held": 0.29}
+    cs = {c.name.split(": ", 1)[1]: c for c in dz.contrasts("cell", nbytes, d)}
+    assert len(cs) == 8 and cs["halves@0.125 no worse than dense"].kind == "non-inferiority"
+    assert cs["halves@0.125 no worse than dense"].margin == dz.MARGIN
+    assert cs["halves vs HQQ-4 at matched bytes read"].method_a == "halves/16@0.25"        # 0.31 is nearest 0.29
+    assert cs["int4 halves vs HQQ-4 at matched bytes held"].method_a == "int4 halves/16@0.0625"
+    del nbytes["SnapKV, question-aware@0.125"]
+    assert len(dz.contrasts("cell", nbytes, d)) == 7
+
+
+# -- a router's store needs only its scorer's summaries ------------------------------------------------
+
+@pytest.mark.parametrize("scorer", ["halves", "mean", "minmax"])
+def test_a_store_holding_only_its_scorer_s_summaries_gives_the_same_answers(scorer):
+    """The study charges a router's store for its scorer's summaries alone (`run.method_bytes`) while its engine
+    keeps the defaults too: the answers must not change. Bit-identical logits over 6 routed steps."""
+    from sparsekv.routing.scorers import SCORERS, summaries_for
+    m = sk.Model(sk.ModelConfig.from_name("tiny"))
+    ids = torch.randint(0, 256, (131,), generator=torch.Generator().manual_seed(5)).tolist()
+    out = []
+    for summaries in (summaries_for(scorer), SCORERS[scorer].reads):
+        eng = sk.Engine(m, block_size=8, num_blocks=64, progress=False, summaries=summaries)
+        s = eng.new_sequence()
+        eng.prefill(s, ids)
+        logits = []
+        for _ in range(6):
+            eng.decode(s, 1, router=sk.Router(scorer, token_budget=24))
+            logits.append(eng.last_logits(s).clone())
+        out.append((eng.tokens(s), torch.stack(logits)))
+    assert out[0][0] == out[1][0] and torch.equal(out[0][1], out[1][1])
+
+
+# -- cells -------------------------------------------------------------------------------------------
+
+def test_cells_have_disjoint_seeds_and_refuse_bad_fields():
+    a = rn.Cell("smollm2", 2048, "passkey", "study", 0, 30)
+    b = rn.Cell("smollm2", 2048, "passkey", "pilot", 0, 30)
+    c = rn.Cell("smollm2", 2048, "fact-code", "study", 0, 30)
+    assert not set(a.seeds()) & set(b.seeds()) and not set(a.seeds()) & set(c.seeds())
+    assert min(a.seeds() + b.seeds()) >= 10_000                    # earlier notebooks' seeds are below this
+    for kw, words in ((dict(model="llama"), "model must be one of"), (dict(questions=5), "questions must be"),
+                      (dict(split="test"), "split must be one of"), (dict(doc0=990, docs=20), "doc0 \\+ docs")):
+        with pytest.raises(ValueError, match=words):
+            rn.Cell(**{"model": "smollm2", "length": 2048, "task": "passkey", **kw})
+
+
+# -- the analysis ---------------------------------------------------------------------------------------
+
+def synthetic_rows(n_docs=34, q=4, seed=0, split="study", acc=None):
+    """Rows of one (model, length, task) cell: per-document difficulty shared by every method (the clustering),
+    each method's own accuracy shift."""
+    rng = np.random.default_rng(seed)
+    d = dz.Design(shares=(0.125, 0.25))
+    acc = acc or {}
+    rows = []
+    for doc in range(n_docs):
+        ease = rng.normal(0, 1.0)
+        for qi in range(q):
+            u = rng.random()
+            for m in d.methods():
+                p = 1 / (1 + np.exp(-(ease + acc.get(m.name, 1.0))))
+                rows.append({"model": "M", "length": 2048, "task": "passkey", "split": split, "doc": 1000 + doc,
+                             "question": qi, "method": m.name, "line": m.line, "family": m.family,
+                             "engine": m.engine, "knob": m.knob, "rule": m.rule, "kv_bits": m.kv_bits,
+                             "block_size": m.block_size, "correct": bool(u < p), "answer_steps": 3, "top1": 1.0,
+                             "kl": 0.0, "read": m.knob or 1.0, "held": 1.0, "read_bytes": 1, "held_bytes": 1})
+    return pd.DataFrame(rows)
+
+
+def test_the_headline_rule_reads_the_pilot_only():
+    pilot = pd.concat([synthetic_rows(8, split="pilot", acc={"dense": 3.0}),
+                       synthetic_rows(8, split="pilot", acc={"dense": -3.0}).assign(task="variable")])
+    h = an.dense_cells(pilot).set_index("task")
+    assert bool(h.loc["passkey", "headline"]) and not bool(h.loc["variable", "headline"])
+    assert h.loc["passkey", "docs"] == 8 and h.loc["passkey", "lo"] <= h.loc["passkey", "dense"] <= h.loc["passkey", "hi"]
+
+
+def test_the_contrast_table_is_one_holm_family_over_documents():
+    rows = synthetic_rows(34)
+    headline = pd.DataFrame([{"model": "M", "length": 2048, "task": "passkey", "docs": 8, "questions": 32,
+                              "dense": 0.7, "lo": 0.5, "hi": 0.9, "headline": True}])
+    table = an.contrast_table(rows, headline, dz.Design(shares=(0.125, 0.25)))
+    assert table is not None and len(table) == 8
+    from statsmodels.stats.multitest import multipletests
+    raw = [r.p_raw for r in table]
+    assert np.allclose([r.p_adj for r in table], multipletests(raw, method="holm")[1])
+    r = table["M 2k passkey: halves@0.125 no worse than dense"]
+    g = rows[rows["method"].isin(["halves/16@0.125", "dense"])].pivot_table(index=["doc", "question"],
+                                                                             columns="method", values="correct")
+    diff = g["halves/16@0.125"].astype(float) - g["dense"].astype(float)
+    assert r.estimate == pytest.approx(diff.mean())
+    ni = clustered.noninferiority(g["halves/16@0.125"].astype(float).to_numpy(), g["dense"].astype(float).to_numpy(),
+                                  np.array([d for d, _ in g.index]), dz.MARGIN)
+    assert r.p_raw == pytest.approx(ni.p)
+
+
+def test_contrasts_wait_for_thirty_documents_and_say_what_is_owed():
+    rows = synthetic_rows(12)
+    headline = pd.DataFrame([{"model": "M", "length": 2048, "task": "passkey", "docs": 8, "questions": 32,
+                              "dense": 0.7, "lo": 0.5, "hi": 0.9, "headline": True}])
+    d = dz.Design(shares=(0.125, 0.25))
+    assert an.contrast_table(rows, headline, d) is None
+    owed = an.owed(rows, headline, d)
+    assert len(owed) == 8 and set(owed["documents"]) == {12} and set(owed["needed"]) == {an.MIN_DOCS}
+    assert an.contrast_table(rows, headline.assign(headline=False), d) is None    # not a headline cell: never tested
+
+
+def test_curves_give_document_level_intervals_and_rows_load_once(tmp_path):
+    rows = synthetic_rows(10)
+    for i, part in enumerate((rows, rows.iloc[: len(rows) // 2])):              # a cell written twice
+        (tmp_path / f"c{i}").mkdir()
+        part.to_csv(tmp_path / f"c{i}" / "x.rows.csv", index=False)
+    back = an.load_rows(tmp_path)
+    assert len(back) == len(rows)
+    cv = an.curves(back).set_index("method")
+    acc = clustered.accuracy(rows[rows["method"] == "dense"]["correct"].astype(float).to_numpy(),
+                             rows[rows["method"] == "dense"]["doc"].to_numpy())
+    assert cv.loc["dense", "docs"] == 10 and cv.loc["dense", "accuracy"] == pytest.approx(acc.estimate)
+    assert (cv.loc["dense", "lo"], cv.loc["dense", "hi"]) == pytest.approx((acc.lo, acc.hi))
