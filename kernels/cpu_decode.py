@@ -5,6 +5,8 @@
     qlinear.cpp        weight-only 4- and 8-bit matmuls over a GGUF file's own codes (`sparsekv.model.quant`), and
                        8-bit codes against int8 activations (qlinear_q8, llama.cpp's Q8_0 dot product)
     decode_layer.cpp   one decoder layer of a decode step in one call (`sparsekv.model.fused`), from the three above
+    prefill_attn.cpp   chunked-prefill attention from bfloat16 pair products (built for AVX512-BF16 only)
+    prefill_attn_f32.cpp  the same design in float32 FMAs, for every other CPU (fast with AVX2 + FMA or AVX-512)
     simd.h             the 16-lane vector type both are written in (AVX-512, or portable loops)
     register.cpp       the torch.library registration (torch.ops.sparsekv_cpu.*)
 
@@ -49,7 +51,7 @@ import torch
 _DIR = Path(__file__).resolve().parent / "cpu"
 _SOURCE = _DIR / "paged_decode.cpp"
 _SOURCES = (_SOURCE, _DIR / "route.cpp", _DIR / "qlinear.cpp", _DIR / "decode_layer.cpp",
-            _DIR / "prefill_attn.cpp", _DIR / "register.cpp")
+            _DIR / "prefill_attn.cpp", _DIR / "prefill_attn_f32.cpp", _DIR / "register.cpp")
 _HEADERS = (_DIR / "simd.h", _DIR / "checks.h")
 _lock = threading.Lock()
 _state: dict = {}
@@ -281,3 +283,43 @@ def prefill_attn_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q0: int
         raise RuntimeError("the bfloat16 prefill kernel is unavailable: "
                            f"{reason() or 'the extension was built without AVX512-BF16'}")
     return torch.ops.sparsekv_cpu.prefill_attn_bf16(q, k, v, q0, k0, window, float(scale))
+
+
+def f32_prefill_vectorized() -> bool:
+    """Whether the extension's float32 prefill kernel (`cpu/prefill_attn_f32.cpp`) is built with vector FMAs (AVX2 +
+    FMA or AVX-512): where it is not (a plain x86-64 build) it still computes the same bits, in slow loops."""
+    return load() is not None and bool(torch.ops.sparsekv_cpu.f32_prefill_vectorized())
+
+
+def prefill_attn_f32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q0: int, k0: int, window: int,
+                     scale: float) -> torch.Tensor:
+    """Causal attention of a prefill chunk in float32 FMAs (`cpu/prefill_attn_f32.cpp`): q [T, Hq, D] float32 or
+    bfloat16, token t at position q0 + t; k, v [N, H, D] both float32 or both bfloat16 (widened exactly), key j at
+    position k0 + j (k0 <= q0, q0 + T <= k0 + N); Hq a multiple of H, D a multiple of 16. Query t sees key j iff
+    k0 + j <= q0 + t and, for window w > 0, q0 + t - (k0 + j) < w. Returns [T, Hq, D] float32, the same bits on
+    every instruction set and at every thread count.
+
+        >>> q, k, v = torch.randn(5, 4, 64), torch.randn(9, 2, 64), torch.randn(9, 2, 64)
+        >>> out = prefill_attn_f32(q, k, v, q0=4, k0=0, window=0, scale=0.125)     # the last 5 of 9 tokens
+        >>> ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(2, 0),
+        ...     v.transpose(0, 1).repeat_interleave(2, 0), attn_mask=torch.ones(5, 9).tril(4).bool(), scale=0.125)
+        >>> bool((out - ref.transpose(0, 1)).abs().max() < 1e-5)
+        True
+    """
+    from ..core.checks import check_int, check_tensor
+    floats = (torch.float32, torch.bfloat16)
+    check_tensor("q", q, (None, None, None), dtype=floats, device=torch.device("cpu"))
+    T, Hq, D = q.shape
+    check_tensor("k", k, (None, None, D), dtype=floats, device=torch.device("cpu"))
+    check_tensor("v", v, tuple(k.shape), dtype=k.dtype, device=torch.device("cpu"))
+    N, H = k.shape[:2]
+    if H == 0 or Hq % H:
+        raise ValueError(f"q must have a multiple of k's {H} heads, got {Hq}")
+    if D % 16:
+        raise ValueError(f"the head dim must be a multiple of 16, got {D}")
+    check_int("k0", k0, lo=0)
+    check_int("q0", q0, lo=k0, hi=k0 + N - T)
+    check_int("window", window, lo=0)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 < scale < float("inf"):
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    return _ops(q=q, k=k, v=v).prefill_attn_f32(q, k, v, q0, k0, window, float(scale))

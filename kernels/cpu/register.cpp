@@ -24,6 +24,9 @@ std::vector<at::Tensor> decode_layer(at::Tensor x, std::vector<at::Tensor> w, st
 bool bf16_prefill_available();
 at::Tensor prefill_attn_bf16(at::Tensor q, at::Tensor k, at::Tensor v, int64_t q0, int64_t k0, int64_t window,
                              double scale);
+bool f32_prefill_vectorized();
+at::Tensor prefill_attn_f32(at::Tensor q, at::Tensor k, at::Tensor v, int64_t q0, int64_t k0, int64_t window,
+                            double scale);
 
 TORCH_LIBRARY(sparsekv_cpu, lib) {
   lib.def("paged_decode(Tensor q, Tensor k, Tensor v, Tensor table, Tensor blocks, int num_tokens, int splits, "
@@ -37,6 +40,8 @@ TORCH_LIBRARY(sparsekv_cpu, lib) {
   lib.def("qdequant(Tensor codes, Tensor scale, Tensor offset, int bits, int group) -> Tensor");
   lib.def("prefill_attn_bf16(Tensor q, Tensor k, Tensor v, int q0, int k0, int window, float scale) -> Tensor");
   lib.def("bf16_prefill_available() -> bool", &bf16_prefill_available);   // how it was built
+  lib.def("prefill_attn_f32(Tensor q, Tensor k, Tensor v, int q0, int k0, int window, float scale) -> Tensor");
+  lib.def("f32_prefill_vectorized() -> bool", &f32_prefill_vectorized);   // AVX2 + FMA or AVX-512
   lib.def("decode_layer(Tensor x, Tensor[] w, int[] meta, float[] fmeta, Tensor cos, Tensor sin, Tensor(a!) k, "
           "Tensor(b!) v, Tensor(c!)[] sums, int[] kinds, Tensor table, Tensor blocks, int block, int row, "
           "int num_tokens, int min_token, int splits, int route_kind, int top_k, int sink, int local) -> Tensor[]");
@@ -52,4 +57,5 @@ TORCH_LIBRARY_IMPL(sparsekv_cpu, CPU, lib) {
   lib.impl("qdequant", &qdequant);
   lib.impl("decode_layer", &decode_layer);
   lib.impl("prefill_attn_bf16", &prefill_attn_bf16);
+  lib.impl("prefill_attn_f32", &prefill_attn_f32);
 }
