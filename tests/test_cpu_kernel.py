@@ -429,6 +429,12 @@ def bit_outputs(cases: list[dict]) -> list[torch.Tensor]:
             for M in (1, 3, 6):
                 x = torch.randn(M, w.shape[1], generator=g)
                 out += [cpu_decode.qlinear_q8(x, w.codes, w.scale, w.offset, bits, group), *cpu_decode.quantize_q8(x)]
+    g = torch.Generator().manual_seed(13)           # the float32 prefill (prefill_attn_f32.cpp): 16-key tiles with
+    for T, N, G, D, window, dtype in ((45, 301, 3, 64, 0, torch.bfloat16),    # AVX2, 32 with AVX-512, loops in x86-64
+                                      (70, 600, 4, 48, 100, torch.float32), (1, 517, 8, 256, 0, torch.bfloat16),
+                                      (130, 130, 1, 80, 0, torch.float32), (61, 711, 2, 128, 300, torch.bfloat16)):
+        q, k, v = (torch.randn(*s, generator=g).to(dtype) for s in ((T, 2 * G, D), (N, 2, D), (N, 2, D)))
+        out.append(cpu_decode.prefill_attn_f32(q, k, v, 3 + N - T, 3, window, D ** -0.5))
     return out + decode_layer_outputs()
 
 

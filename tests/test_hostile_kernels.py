@@ -363,6 +363,43 @@ def test_prefill_attention_refuses_what_it_cannot_read():
     run_cases(PREFILL)
 
 
+# The float32 prefill kernel (prefill_attn_f32.cpp): built on every CPU, float32 or bf16 input, head dims of 16.
+PREFILL_F32 = PREFILL.split("\ncase(")[0].replace("ops.prefill_attn_bf16", "ops.prefill_attn_f32") + r'''
+case("f32_prefill_vectorized: a bool", "ok", lambda: isinstance(ops.f32_prefill_vectorized(), bool))
+case("valid, bf16", "ok", lambda: close(pf(), reference(), 1e-5))
+case("valid, float32 q over bf16 k, v", "ok", lambda: close(pf(q=q.float()), reference(), 1e-5))
+case("valid, head dim 48", "ok", lambda: pf(q=q[..., :48], k=k[..., :48], v=v[..., :48]).shape == (T, H * G, 48))
+case("no queries (T = 0)", "ValueError", lambda: pf(q=q[:0], q0=N), "q must be non-empty")
+case("no query heads", "ValueError", lambda: pf(q=q[:, :0]), "q must be non-empty")
+case("head dim 0", "ValueError", lambda: pf(q=q[..., :0], k=k[..., :0], v=v[..., :0]), "q must be non-empty")
+case("head dim 40", "ValueError", lambda: pf(q=q[..., :40], k=k[..., :40], v=v[..., :40]), "multiple of 16")
+case("no kv heads", "ValueError", lambda: pf(k=k[:, :0], v=v[:, :0]), "heads")
+case("3 query heads over 2", "ValueError", lambda: pf(q=q[:, :3]), "heads")
+case("q 2-d", "ValueError", lambda: pf(q=q[0]), "3-d")
+case("q0 past the keys", "ValueError", lambda: pf(q0=13), "positions")
+case("q0 2**63 - 4: q0 + T overflows", "ValueError", lambda: pf(q0=2 ** 63 - 4), "positions")
+case("k0 -1", "ValueError", lambda: pf(k0=-1), "positions")
+case("k0 after q0", "ValueError", lambda: pf(k0=13), "positions")
+case("k0 2**63 - 8: k0 + N overflows", "ValueError", lambda: pf(q0=2 ** 63 - 8, k0=2 ** 63 - 8), "positions")
+case("window -1", "ValueError", lambda: pf(window=-1), "window")
+case("scale NaN", "ValueError", lambda: pf(scale=float("nan")), "scale")
+case("scale inf", "ValueError", lambda: pf(scale=float("inf")), "scale")
+case("scale -1", "ValueError", lambda: pf(scale=-1.0), "scale")
+case("q float64", "TypeError", lambda: pf(q=q.double()), "float32 or bfloat16")
+case("k float32, v bf16", "TypeError", lambda: pf(k=k.float()), "both float32 or both bfloat16")
+case("k and v float16", "TypeError", lambda: pf(k=k.half(), v=v.half()), "float32 or bfloat16")
+case("k and v of two shapes", "ValueError", lambda: pf(v=v[:10]), "one shape")
+case("wrapper: q a list", "TypeError", lambda: cpu_decode.prefill_attn_f32([1.0], k, v, q0, k0, 0, 0.125), "q must be")
+case("wrapper: window a float", "TypeError", lambda: cpu_decode.prefill_attn_f32(q, k, v, q0, k0, 0.5, 0.125),
+     "window")
+case("wrapper: q0 past the keys", "ValueError", lambda: cpu_decode.prefill_attn_f32(q, k, v, 13, 0, 0, 0.125), "q0")
+'''
+
+
+def test_the_float32_prefill_kernel_refuses_what_it_cannot_read():
+    run_cases(PREFILL_F32)
+
+
 DECODE_LAYER = r'''
 Hq, H, D, dim, inter, bs, NB = 4, 2, 64, 64, 96, 16, 8
 

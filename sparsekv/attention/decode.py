@@ -408,20 +408,38 @@ def _prefill_torch(q, store, seq, layer, fresh=None, window: int = 0):
     return _prefill_sdpa(q, store, seq, layer, fresh, window)
 
 
-def _prefill_cpp(q, store, seq, layer, fresh=None, window: int = 0):
-    """A bfloat16 chunk (the gguf mode's bfloat16 prefill) through the extension's prefill kernel
-    (`cpu_decode.prefill_attn_bf16`: GQA folded into the rows, float32 scores and sums), where it is built and the
-    store holds float K/V with a head dim a multiple of 32; every other call takes the torch path."""
+def _bf16_prefill_kernel(q, store):
+    """The extension's kernel for a bfloat16 chunk on this CPU, as (gated path, op), or None (the torch path).
+
+    1. prefill_attn_bf16 where it is built (AVX512-BF16 pair products) and the head dim is a multiple of 32;
+    2. else prefill_attn_f32 where it is vectorised (AVX2 + FMA or AVX-512) and the head dim a multiple of 16;
+    3. else SDPA. Only bf16 chunks over float storage on the CPU: the float32 prefill (every smoke notebook's) and
+       float64 never take a kernel, so a committed smoke number never depends on which one this CPU has."""
     from ..kernels import cpu_decode
-    if (q.dtype != torch.bfloat16 or store.quantized or q.device.type != "cpu" or q.shape[-1] % 32
-            or not cpu_decode.bf16_prefill_available()):
+    if q.dtype != torch.bfloat16 or store.quantized or q.device.type != "cpu":
+        return None
+    D = q.shape[-1]
+    if D % 32 == 0 and cpu_decode.bf16_prefill_available():
+        return "bf16_prefill_kernel", cpu_decode.prefill_attn_bf16
+    if D % 16 == 0 and cpu_decode.f32_prefill_vectorized():
+        return "bf16_prefill_f32_kernel", cpu_decode.prefill_attn_f32
+    return None
+
+
+def _prefill_cpp(q, store, seq, layer, fresh=None, window: int = 0):
+    """A bfloat16 chunk (the gguf mode's bfloat16 prefill) through the extension's prefill kernel for this CPU
+    (`_bf16_prefill_kernel`: GQA folded into the rows, float32 scores and sums); every other call takes the torch
+    path."""
+    kernel = _bf16_prefill_kernel(q, store)
+    if kernel is None:
         return _prefill_torch(q, store, seq, layer, fresh, window)
+    path, op = kernel
     _check_prefill_args(q, store, seq, layer)
-    cpu_paths.take("bf16_prefill_kernel")
+    cpu_paths.take(path)
     T, N = q.shape[0], seq.num_tokens
     start = _prefill_start(N, T, window)
     k, v = _prefill_kv(q, store, seq, layer, fresh, start, dtype=torch.bfloat16)    # [N - start, H, D]
-    out = cpu_decode.prefill_attn_bf16(q, k, v, N - T, start, window, 1.0 / math.sqrt(q.shape[-1]))
+    out = op(q, k, v, N - T, start, window, 1.0 / math.sqrt(q.shape[-1]))
     return out.to(q.dtype)
 
 

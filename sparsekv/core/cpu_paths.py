@@ -11,7 +11,8 @@ each held to that rule its own way:
    count. A baseline holds a tolerance derived from the spread measured between `suite.cpuconfig`'s two
    configurations when it was recorded (`suite.regression`).
 3. Other arithmetic: the paths in `GATED`, bfloat16 products whose rounding and accumulation order depend on the
-   CPU (AMX tiles, AVX512-BF16 pair products, or ATen's float32 emulation). These are kept out of smoke baselines:
+   CPU (AMX tiles, AVX512-BF16 pair products, ATen's float32 emulation, or the float32 prefill kernel that a bf16
+   chunk takes where AVX512-BF16 is missing). These are kept out of smoke baselines:
    a process that takes one records it here (`take`), a notebook's metrics JSON lists what its kernel took
    (`suite.report.write_metrics`: "cpu_paths"), and tests/test_notebooks.py requires every smoke run to list none.
    The fast path is then tested on its own against float64 (tests/test_prefill_kernel.py).
@@ -20,6 +21,9 @@ from __future__ import annotations
 
 GATED = {
     "bf16_prefill_kernel": "kernels/cpu/prefill_attn.cpp, built only for AVX512-BF16 (SDPA elsewhere)",
+    # its bits are the same on every CPU, but a bf16 chunk takes it only where the kernel above is missing
+    "bf16_prefill_f32_kernel": "kernels/cpu/prefill_attn_f32.cpp over a bfloat16 chunk, where AVX2 + FMA (or "
+                               "AVX-512) is and AVX512-BF16 is not",
     "bf16_prefill_sdpa": "SDPA over a bfloat16 prefill chunk: oneDNN's AMX kernels or ATen's float32 emulation",
     "bf16_matmul": "a bfloat16 prefill chunk's matmuls: oneDNN's AMX or AVX512-BF16 kernels, or ATen's emulation",
 }
