@@ -61,3 +61,21 @@ def test_the_llama_cpp_benchmark_runs_on_a_short_prompt(tmp_path):
         assert case[f"{k}_tpot_s"] > 0 and case[f"{k}_floor_s"] > 0
     assert case["sparsekv_weight_bytes"] < case["llamacpp_weight_bytes"] * 1.5        # the file's codes, not float32
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_the_prefill_benchmark_runs_as_an_avx2_machine_and_says_which(tmp_path):
+    """--quick under the "alt" configuration (the x86-64-v3 extension, ATen at AVX2): the kernel's output matches SDPA
+    in float32 to rounding, and the JSON names the CPU, the configuration and the shared machine."""
+    from benchmarks import bench_prefill_avx2
+    from sparsekv.suite.cpuconfig import cpu_flags
+    import pytest
+    if not {"avx2", "fma"} <= cpu_flags():
+        pytest.skip("this CPU cannot run an x86-64-v3 build")
+    out = tmp_path / "pf.json"
+    assert bench_prefill_avx2.main(["--quick", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["cpu"] and d["cpu_config"] == "alt" and d["extension_arch"] == "x86-64-v3" and d["shared_machine"]
+    assert d["threads"] == 1 and d["f32_prefill_vectorized"] and not d["bf16_prefill_kernel"]
+    (case,) = d["cases"]
+    assert case["f32_kernel_bfloat16_max_diff_vs_sdpa_f32"] < 1e-4 and case["f32_kernel_float32_max_diff_vs_sdpa_f32"] < 1e-4
+    assert case["f32_kernel_vs_sdpa_bfloat16"] > 0 and case["sdpa_float32_gflops"] > 0
