@@ -66,9 +66,10 @@ def test_the_llama_cpp_benchmark_runs_on_a_short_prompt(tmp_path):
 def test_the_prefill_benchmark_runs_as_an_avx2_machine_and_says_which(tmp_path):
     """--quick under the "alt" configuration (the x86-64-v3 extension, ATen at AVX2): the kernel's output matches SDPA
     in float32 to rounding, and the JSON names the CPU, the configuration and the shared machine."""
+    import pytest
+
     from benchmarks import bench_prefill_avx2
     from sparsekv.suite.cpuconfig import cpu_flags
-    import pytest
     if not {"avx2", "fma"} <= cpu_flags():
         pytest.skip("this CPU cannot run an x86-64-v3 build")
     out = tmp_path / "pf.json"
