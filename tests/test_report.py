@@ -78,8 +78,8 @@ def test_a_rejected_hypothesis_is_recorded_and_does_not_fail_the_run(tmp_path):
 
 def test_every_registered_scorer_is_drawn_in_a_router_colour_never_dense_s():
     """A paired-study figure styles each method family: every scorer of the registry (`halves`, added after the
-    palette, among them) gets its router colour and a circle, distinct from dense's, the presses' grey and HQQ's, and
-    no two scorers share a colour except `hminmax`, minmax's hierarchical variant, and the (group, keep) variants of
+    palette, among them) gets its router colour and its router marker, distinct from dense's, the presses' grey and
+    HQQ's, and no two scorers share a colour except `hminmax`, minmax's hierarchical variant, and the (group, keep) variants of
     it that `hierarchical` registers on first use (CI's full run had registered seven by this test: each drawn in
     `OTHER`, the grey of no router, until they took hminmax's colour)."""
     from sparsekv.routing.hierarchy import hierarchical
@@ -90,9 +90,11 @@ def test_every_registered_scorer_is_drawn_in_a_router_colour_never_dense_s():
     dense = viz.method_style("dense")["color"]
     for name in builtin:
         style = viz.method_style(name)
-        assert style["color"] == viz.router_color(name) and style["marker"] == "o", name
+        assert style["color"] == viz.router_color(name) and style["marker"] == viz.router_marker(name), name
         assert style["color"] not in (dense, viz.QUANT_COLOR, "#777777"), name
     colours = [viz.router_color(n) for n in builtin if not n.startswith("hminmax")]
+    markers = [viz.router_marker(n) for n in builtin if not n.startswith("hminmax")]
+    assert len(set(markers)) == len(markers)            # mean's orange and halves' vermillion differ in shape too
     assert len(set(colours)) == len(colours) and viz.router_color("hminmax") == viz.router_color("minmax")
     assert viz.router_color(variant) == viz.router_color(f"{variant}@64") == viz.router_color("hminmax")
     assert SCORERS[variant].family() == "hminmax" and all(SCORERS[n].family() == n for n in builtin

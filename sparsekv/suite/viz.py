@@ -1,4 +1,5 @@
-"""Pictures of the store that the notebooks share: block tables and the physical pool.
+"""What the notebooks' figures share: the palette and markers, tick and legend helpers, the store's pictures, and
+`save`, the one path a committed figure is written by (`suite.canvas` lays it out and checks it).
 
 matplotlib is imported inside each function, so importing sparsekv does not need it.
 """
@@ -59,6 +60,10 @@ COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0
 ROUTER_COLORS = {"minmax": "#0072B2", "mean": "#E69F00", "repr": "#009E73", "oracle": "#000000",
                  "recency": "#CC79A7", "random": "#999999", "dense": "#555555", "halves": "#D55E00",
                  "labels": "#F0E442", "hminmax": "#0072B2"}
+# A marker per router, so that routers whose hues sit close (mean's orange and halves' vermillion, for a deuteranope)
+# still differ where they share a panel; hminmax is minmax's variant and shares its marker too.
+ROUTER_MARKERS = {"minmax": "o", "mean": "s", "repr": "D", "oracle": "*", "recency": "v", "random": "x",
+                  "dense": "P", "halves": "^", "labels": "<", "hminmax": "o"}
 QUERY_BLIND = ("recency", "random")
 OTHER = "#8c8c8c"                   # anything without a colour of its own (never a router's)
 SEQUENTIAL_CMAP = "cividis"         # heatmaps: perceptually uniform and readable with any colour vision
@@ -75,6 +80,15 @@ def router_color(name: str) -> str:
     scorer = name.split("@")[0].split(" ")[0]
     cls = SCORERS.get(resolve(scorer) or scorer)
     return ROUTER_COLORS.get(cls.family() if cls else scorer, OTHER)
+
+
+def router_marker(name: str) -> str:
+    """The marker of a router (or "scorer@budget" method) by its scorer's family, "o" for one without its own."""
+    from ..routing.hierarchy import resolve
+    from ..routing.scorers import SCORERS
+    scorer = name.split("@")[0].split(" ")[0]
+    cls = SCORERS.get(resolve(scorer) or scorer)
+    return ROUTER_MARKERS.get(cls.family() if cls else scorer, "o")
 
 
 def router_style(name: str) -> str:
@@ -121,21 +135,54 @@ def method_style(family: str) -> dict:
         return {"color": router_color(family.removesuffix(" qdense")), "marker": "^", "ls": "-."}
     from ..routing.scorers import SCORERS
     if family in SCORERS or family in ROUTER_COLORS:      # every registered scorer, `halves` among them, and dense
-        return {"color": router_color(family), "marker": "o", "ls": "-"}
+        return {"color": router_color(family), "marker": router_marker(family), "ls": "-"}
     if family in PRESS_MARKERS:
         return {"color": "#777777", "marker": PRESS_MARKERS[family], "ls": ":" if family != "SnapKV+q1" else "-."}
     if family.startswith("HQQ"):           # "HQQ", or "HQQ<bits>": one marker per bit width
         return {"color": QUANT_COLOR, "marker": QUANT_MARKERS.get(family.removeprefix("HQQ"), "D"), "ls": "-"}
-    return {"color": ROUTER_COLORS["dense"], "marker": "*", "ls": "none"}
+    return {"color": ROUTER_COLORS["dense"], "marker": "h", "ls": "none"}
 
 
 def tick_label(v: float) -> str:
-    """A tick's text: 512, 4k, 128k, 1M, 0.05 (never 1e+06 or 3x10^1)."""
-    if v >= 1e6 and v % 1e5 == 0:
+    """A tick's text: 512, 4k, 128k, 1M, 0.05 (never 1e+06 or 3x10^1). A power-of-two count of tokens reads in binary
+    units as the notebooks write lengths (16384 is "16k", 2**20 is "1M"); a round decimal in decimal ones (50000 is
+    "50k"); anything else keeps three significant digits ("1.05M"), never an exponent."""
+    a = abs(v)
+    if a >= 1024 and a % 1024 == 0 and a % 1000 != 0:
+        return f"{v / 2**20:g}M" if a >= 2**20 and a % 2**20 == 0 else f"{v / 1024:g}k"
+    if a >= 1e6 and a % 1e5 == 0:
         return f"{v / 1e6:g}M"
-    if v >= 1e4 and v % 100 == 0:
+    if a >= 1e4 and a % 100 == 0:
         return f"{v / 1e3:g}k"
+    if a >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    if a >= 1e4:
+        return f"{v / 1e3:.3g}k"
+    if 0 < a < 1e-3:
+        return f"{v:.1e}".replace("e-0", "e-")      # a small rate: still no offset text
     return f"{v:g}"
+
+
+def bytes_label(v: float) -> str:
+    """Bytes in binary units: 512 B, 4 KiB, 1.5 MiB, 2 GiB (never 1.04858e+06)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.3g} B"
+
+
+def bytes_axis(ax, axis: str = "y") -> None:
+    """Label an axis that holds bytes in KiB / MiB / GiB (`bytes_label`) on its existing ticks."""
+    from matplotlib.ticker import FuncFormatter
+    (ax.xaxis if axis == "x" else ax.yaxis).set_major_formatter(FuncFormatter(lambda v, _: bytes_label(v)))
+
+
+def save(fig, path, dpi: int = 110, **kw):
+    """Write a committed figure: a layout pass, any axes legend over data moved beside its axes, the canvas grown
+    until every text fits, then the checks of `suite.canvas` (text inside the canvas, no legend over data, no tab10
+    colour, no legend over text), raising `canvas.FigureError` rather than writing a figure that fails them. Returns `canvas.Saved`."""
+    from . import canvas
+    return canvas.save(fig, path, dpi=dpi, **kw)
 
 
 def log_axis_plain(ax, axis: str = "x") -> None:
@@ -160,6 +207,20 @@ def log_ticks(ax, axis: str, ticks, labels=None) -> None:
     a.set_minor_formatter(NullFormatter())
 
 
+def dodge_log(xs, factor: float = 1.04):
+    """Positions on a log axis for points whose x values coincide: the j-th of m points sharing x is drawn at
+    x * factor ** (j - (m - 1) / 2), so the group stays centred on its true value. Returns (positions, the shared x
+    values): a figure that dodges must say so (a legend note) and may mark the true values."""
+    groups: dict[float, list[int]] = {}
+    for i, x in enumerate(xs):
+        groups.setdefault(round(float(x), 6), []).append(i)
+    pos = [float(x) for x in xs]
+    for idx in groups.values():
+        for j, i in enumerate(idx):
+            pos[i] = float(xs[i]) * factor ** (j - (len(idx) - 1) / 2)
+    return pos, sorted(float(xs[idx[0]]) for idx in groups.values() if len(idx) > 1)
+
+
 def legend_outside(ax, **kw):
     """A legend to the right of the axes, clear of the data."""
     return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False,
@@ -167,6 +228,9 @@ def legend_outside(ax, **kw):
 
 
 def legend_below(ax, ncol: int = 3, **kw):
-    """A legend under the axes (below the x label), clear of the data."""
-    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=ncol, frameon=False,
-                     **{"fontsize": 8, **kw})
+    """A legend under the axes (below the x label), clear of the data; `save` anchors it under the x axis's labels
+    as drawn (`canvas.BELOW`)."""
+    from . import canvas
+    leg = ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=ncol, frameon=False, **{"fontsize": 8, **kw})
+    setattr(leg, canvas.BELOW, True)
+    return leg
