@@ -329,9 +329,8 @@ def plot(results, path: Path):
                title=f"CPU decode, {dt}, budget {results['config']['budget']} tokens")
         viz.log_ticks(ax, "x", sorted(set(x))); viz.log_axis_plain(ax, "y")
     viz.legend_outside(axes[0][-1])
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    viz.save(fig, path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None):

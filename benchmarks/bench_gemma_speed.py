@@ -141,6 +141,16 @@ def floors(cfg, n: int, bw: float, rate: float, kv_read: int) -> dict:
             "decode_floor_s": (param_count(cfg) * 4 + kv_read) / bw}
 
 
+def request_peak_mib(c: dict, system: str) -> float:
+    """The request's peak resident set over the loaded model (MiB), or NaN where the measurement is invalid: a peak
+    below the base plus the K/V the request held at its end cannot be (the reset of VmHWM failed, or the peak was
+    read from the wrong process), and a figure must show it missing, never as 0."""
+    peak, base, held = (c.get(f"{system}_{k}") for k in ("peak_rss", "base_rss", "kv_held"))
+    if peak is None or base is None or peak - base < (held or 0):
+        return float("nan")
+    return (peak - base) / 2**20
+
+
 def plot(cases: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -155,8 +165,10 @@ def plot(cases: list[dict], path: Path) -> None:
         xs = [c["length"] for c in ok]
         ax[0].plot(xs, [c[f"{s}_ttft_s"] for c in ok], "o-", color=colors[s], label=s)
         ax[1].plot(xs, [1e3 * c[f"{s}_tpot_s"] for c in ok], "o-", color=colors[s], label=s)
-        ax[2].plot(xs, [(c[f"{s}_peak_rss"] - c[f"{s}_base_rss"]) / 2**20 for c in ok], "o-", color=colors[s],
-                   label=f"{s}: peak RSS over the loaded model")
+        peak = [request_peak_mib(c, s) for c in ok]
+        bad = sum(p != p for p in peak)
+        ax[2].plot(xs, peak, "o-", color=colors[s], label=f"{s}: peak RSS over the loaded model"
+                   + (f"\n({bad} of {len(ok)} invalid: peak < base + K/V held; not drawn)" if bad else ""))
         ax[2].plot(xs, [c[f"{s}_kv_held"] / 2**20 for c in ok], "s--", color=colors[s], label=f"{s}: K/V held")
     ax[0].plot(lengths, [c["prefill_floor_s"] for c in cases], "k:", label="floor (FLOPs / matmul rate)")
     ax[1].plot(lengths, [1e3 * c["decode_floor_s"] for c in cases], "k:", label="floor (bytes / bandwidth)")
@@ -164,12 +176,12 @@ def plot(cases: list[dict], path: Path) -> None:
                                      ("memory of the request", "MiB"))):
         a.set(xscale="log", xlabel="prompt tokens", ylabel=ylab, title=title)
         viz.log_ticks(a, "x", lengths)
-        a.legend(fontsize=8)
+        viz.legend_below(a, ncol=1)
     speed = cases[-1].get("prefill_speedup")
     fig.suptitle("Gemma 3 270M on this CPU: sparsekv against transformers, same token ids"
                  + (f" (prefill {speed:.1f}x at {lengths[-1]:,} tokens)" if speed else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    viz.save(fig, path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:

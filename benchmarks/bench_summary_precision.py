@@ -68,13 +68,13 @@ def plot(real_rows, probe_summary, path: Path):
         lo = [min(p) for p in per]
         worst = min(worst, *mean)
         color = viz.router_color(name)
-        ax.plot(layers, mean, marker="os^v"[i % 4], ls=("-", "--", ":", "-.")[i % 4], color=color,
+        ax.plot(layers, mean, marker=viz.router_marker(name), ls=("-", "--", ":", "-.")[i % 4], color=color,
                 label=f"{name} (mean over steps)")
         ax.fill_between(layers, lo, mean, color=color, alpha=0.12)
     ax.axhline(GOAL, color="k", ls="--", lw=1, label=f"goal {GOAL}")
     ax.set(xlabel="layer", ylabel="blocks also picked with bf16 summaries (share)",
            title=f"SmolLM2-135M, real prose: worst layer mean {worst:.3f}")
-    ax.legend(fontsize=8, loc="lower left")
+    viz.legend_below(ax, ncol=2)                    # inside, "lower left" sat on the worst layers' bands
     ax = axes[1]
     labels = [f"{r['router']}\nstrength {r['strength']:g}" for r in probe_summary]
     x = range(len(probe_summary))
@@ -86,9 +86,8 @@ def plot(real_rows, probe_summary, path: Path):
     ax.set(ylabel="blocks also picked with bf16 summaries (share)", ylim=(min(0.9, lo - 0.01), 1.001),
            title=f"needle probes (dots: the axis starts at {min(0.9, lo - 0.01):.2f}): worst overlap {lo:.3f}")
     viz.legend_outside(ax)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    viz.save(fig, path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None):

@@ -330,7 +330,8 @@ def verdict(out: dict) -> str:
 
 
 def plot(out: dict, path: Path) -> None:
-    """TPOT against context for each model: llama.cpp, sparsekv dense and routed, and each one's byte floor; the
+    """TPOT against context for each model: llama.cpp, sparsekv dense and routed (markers at the lengths measured,
+    no line drawn between them: nothing was measured there), and each one's byte floor (a model, dotted); the
     prefill times beside them."""
     import matplotlib
     matplotlib.use("Agg")
@@ -340,33 +341,34 @@ def plot(out: dict, path: Path) -> None:
     models = list(dict.fromkeys(c["model"] for c in out["cases"]))
     fig, ax = plt.subplots(1, len(models) + 1, figsize=(5.6 * (len(models) + 1), 4.9), squeeze=False)
     ax = ax[0]
-    series = (("llamacpp", "llama.cpp dense", viz.COLORS[1]), ("sparsekv_dense", "sparsekv dense", viz.COLORS[0]),
-              ("sparsekv_routed", f"sparsekv minmax@{out['budget_tokens']}", viz.COLORS[2]))
+    series = (("llamacpp", "llama.cpp dense", viz.COLORS[1], "s"), ("sparsekv_dense", "sparsekv dense", viz.COLORS[0], "o"),
+              ("sparsekv_routed", f"sparsekv minmax@{out['budget_tokens']}", viz.COLORS[2], "D"))
     for a, m in zip(ax, models):
         cs = [c for c in out["cases"] if c["model"] == m]
         xs = [c["length"] for c in cs]
-        for key, label, color in series:
-            a.plot(xs, [1e3 * c[f"{key}_tpot_s"] for c in cs], "o-", color=color, label=label)
+        for key, label, color, marker in series:
+            a.plot(xs, [1e3 * c[f"{key}_tpot_s"] for c in cs], marker, ls="none", ms=7, color=color, label=label)
             a.plot(xs, [1e3 * c[f"{key}_floor_s"] for c in cs], ":", color=color, lw=1)
-        top = max(1e3 * c[f"{key}_{kind}_s"] for c in cs for key, _, _ in series for kind in ("tpot", "floor"))
+        top = max(1e3 * c[f"{key}_{kind}_s"] for c in cs for key, *_ in series for kind in ("tpot", "floor"))
         a.set(xscale="log", xlabel="context (tokens)", ylabel="ms per token (median)", ylim=(0, 1.5 * top),
               title=f"{m}: decode (dotted: byte floors)")             # the headroom keeps the legend off the data
         viz.log_ticks(a, "x", xs)
-        a.legend(fontsize=8, loc="upper left")
+        viz.legend_below(a, ncol=2)
     a = ax[-1]
-    for m, ls in zip(models, ("-", "--", ":")):
+    for m, fill in zip(models, ("full", "none", "left")):       # a model by the markers' fill, no joining lines
         cs = [c for c in out["cases"] if c["model"] == m]
         xs = [c["length"] for c in cs]
-        a.plot(xs, [c["llamacpp_prefill_s"] for c in cs], "s" + ls, color=viz.COLORS[1], label=f"{m}: llama.cpp")
-        a.plot(xs, [c["sparsekv_prefill_s"] for c in cs], "o" + ls, color=viz.COLORS[0], label=f"{m}: sparsekv")
+        a.plot(xs, [c["llamacpp_prefill_s"] for c in cs], "s", ls="none", ms=7, fillstyle=fill, color=viz.COLORS[1],
+               label=f"{m}: llama.cpp")
+        a.plot(xs, [c["sparsekv_prefill_s"] for c in cs], "o", ls="none", ms=7, fillstyle=fill, color=viz.COLORS[0],
+               label=f"{m}: sparsekv")
     a.set(xscale="log", yscale="log", xlabel="prompt (tokens)", ylabel="prefill (s)", title="prefill, same token ids")
     viz.log_ticks(a, "x", sorted({c["length"] for c in out["cases"]}))
-    a.legend(fontsize=8, loc="upper left")
+    viz.legend_below(a, ncol=2)
     fig.suptitle(f"sparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, {out['threads']} "
                  f"threads on {out.get('cpu', 'an unrecorded CPU')}. No slower than llama.cpp:\n{verdict(out)}",
                  fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    viz.save(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -2,6 +2,7 @@
 
     python -m benchmarks.report            print the tables
     python -m benchmarks.report --write    re-render docs/benchmarks.md's tables (between its markers)
+    python -m benchmarks.report --figures  redraw the benchmark figures from the committed results (`figures`)
 """
 from __future__ import annotations
 
@@ -280,9 +281,34 @@ def write_page(page: Path = PAGE) -> bool:
     return True
 
 
+def figures() -> list[Path]:
+    """Redraw every benchmark figure whose data the committed JSON holds, with each benchmark's own `plot` (the
+    figures change with the drawing code; the measurements do not): cpu_decode, summary_precision, gemma_speed and
+    vs_llamacpp (each machine's file). Returns the paths written."""
+    from benchmarks import bench_cpu_decode, bench_gemma_speed, bench_summary_precision, bench_vs_llamacpp
+    root = RESULTS.parents[1]
+    out = []
+    d = json.loads((RESULTS / "cpu_decode.json").read_text())
+    bench_cpu_decode.plot(d, root / "figures" / "cpu_decode.png")
+    out.append(root / "figures" / "cpu_decode.png")
+    d = json.loads((RESULTS / "summary_precision.json").read_text())
+    bench_summary_precision.plot(d["real_rows"], d["probe_summary"], root / "figures" / "summary_precision.png")
+    out.append(root / "figures" / "summary_precision.png")
+    d = json.loads((RESULTS / "gemma_speed.json").read_text())
+    bench_gemma_speed.plot(d["cases"], RESULTS / "gemma_speed.png")
+    out.append(RESULTS / "gemma_speed.png")
+    for f in sorted(RESULTS.glob("vs_llamacpp*.json")):
+        bench_vs_llamacpp.plot(json.loads(f.read_text()), f.with_suffix(".png"))
+        out.append(f.with_suffix(".png"))
+    return out
+
+
 if __name__ == "__main__":
     import sys
-    if "--write" in sys.argv:
+    if "--figures" in sys.argv:
+        for p in figures():
+            print("drew", p.relative_to(RESULTS.parents[1]))
+    elif "--write" in sys.argv:
         print("docs/benchmarks.md re-rendered" if write_page() else "docs/benchmarks.md already current")
     else:
         print(tables())

@@ -23,8 +23,23 @@ def test_readme_is_a_front_page_with_the_commands():
 
 
 def test_every_committed_figure_is_linked_from_a_docs_page():
+    """figures/ and the benchmarks' own figures under benchmarks/results/ (gemma_speed and vs_llamacpp were linked
+    from no page)."""
     linked = set()
     for page in PAGES:
-        linked |= set(re.findall(r"figures/[\w.-]+\.png", page.read_text()))
+        linked |= set(re.findall(r"(?:figures|benchmarks/results)/[\w.-]+\.png", page.read_text()))
     committed = {f"figures/{p.name}" for p in (REPO / "figures").glob("*.png")}
+    committed |= {f"benchmarks/results/{p.name}" for p in (REPO / "benchmarks" / "results").glob("*.png")}
     assert committed - linked == set()
+
+
+def test_every_committed_figure_is_drawn_by_a_notebook_or_a_benchmark():
+    """A committed figure that nothing redraws would go stale: each is named by a notebook (its own cells or the
+    study a cell calls name the file) or drawn by a benchmark's `plot` that `benchmarks.report.figures` redraws."""
+    import json
+    named = " ".join("".join(c["source"]) for nb in (REPO / "notebooks").glob("*.ipynb")
+                     for c in json.loads(nb.read_text())["cells"])
+    redrawn = {"cpu_decode.png", "summary_precision.png", "gemma_speed.png", "vs_llamacpp.png", "vs_llamacpp_amd.png"}
+    orphans = [p.name for p in [*(REPO / "figures").glob("*.png"), *(REPO / "benchmarks" / "results").glob("*.png")]
+               if p.name not in named and p.name not in redrawn]
+    assert orphans == []
