@@ -23,11 +23,11 @@ def _errorbar(ax, x, cell, style, **kw):
 
 
 def _finish(fig, title: str, path, **kw):
-    """The tail every figure here shares: its title, a tight layout, and the file (when `path` is given)."""
+    """The tail every figure here shares: its title, then `viz.save` (layout, checks, file) when `path` is given."""
+    from . import viz
     fig.suptitle(title, fontsize=10, **kw)
-    fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=120)
+        viz.save(fig, path, dpi=120)
     return fig
 
 
@@ -46,17 +46,38 @@ def _n_words(st: Study, task: str, cells: dict) -> str:
     return f"{cells[(task, 'dense')]['n']} questions for sparsekv, {cells[(task, 'hf dense')]['n']} for transformers"
 
 
-class _Spread:
-    """x positions on a log axis for methods that share an x: the j-th method at x is drawn at x * 1.04 ** j, so
-    none hides another (the tables and metrics give the exact values)."""
+def _leaders(st: Study, t: str) -> str:
+    """Words for the non-oracle methods that answered the most of task `t` on the questions all answered, with the
+    count they rest on: "passkey: minmax@256 answered most, 5 of 6", or a tie named as one ("3 methods tie at 2 of
+    6"), or "passkey: no method but dense and the oracle answered any of 6": never a "best" picked among ties."""
+    acc, skip = st.acc_shared, ("dense", "oracle", "int8 oracle")
+    cand = [m for m in st.methods if st.family(m) not in skip]
+    top = max(acc[(t, m)]["accuracy"] for m in cand)
+    lead = [m for m in cand if acc[(t, m)]["accuracy"] == top]
+    n = acc[(t, lead[0])]["n"]
+    k = round(top * n)
+    if k == 0:
+        return f"{t}: no method but dense and the oracle answered any of {n}"
+    if len(lead) > 1:
+        names = ", ".join(lead) if len(lead) <= 3 else f"{len(lead)} methods"
+        return f"{t}: {names} tie at {k} of {n}"
+    return f"{t}: {lead[0]} answered most, {k} of {n}"
 
-    def __init__(self):
-        self.seen: dict[float, int] = {}
 
-    def __call__(self, x: float) -> float:
-        j = self.seen.get(round(x, 4), 0)
-        self.seen[round(x, 4)] = j + 1
-        return x * 1.04 ** j
+def _dodged(ax, xs: list[float], factor: float = 1.04) -> list[float]:
+    """x positions for points drawn against bytes on a log axis: where several methods share a byte count (the
+    presses, which hold what they read) they are dodged by `factor` each, centred on the true value, and a thin grey
+    line marks that value; `_dodge_note` says so in the legend. The tables and metrics give the exact counts."""
+    from . import viz
+    pos, shared = viz.dodge_log(xs, factor)
+    for x in shared:
+        ax.axvline(x, color="0.8", lw=0.8, zorder=0)
+    return pos
+
+
+def _dodge_note(factor: float = 1.04) -> str:
+    return (f"methods at one byte count are\ndodged by {factor - 1:.0%} each in x about it\n(thin grey line: "
+            "the true value)")
 
 
 def accuracy_figure(st: Study, path: str | Path | None = None):
@@ -79,15 +100,15 @@ def accuracy_figure(st: Study, path: str | Path | None = None):
         ax.set_ylim(-0.03, 1.03)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("questions answered (Wilson 95% CI)")
-    on = "" if st.acc_peered is None else " on the questions all answered"
-    return _finish(fig, f"{st.model_name}, {st.config.length}-token documents, budget {st.config.budget}; best "
-                   f"non-oracle method{on}: " + ", ".join(f"{t} {st.best(t)}" for t in tn), path, wrap=True)
+    on = "" if st.acc_peered is None else " (on the questions all answered)"
+    return _finish(fig, f"{st.model_name}, {st.config.length}-token documents, budget {st.config.budget}{on}: "
+                   + "; ".join(_leaders(st, t) for t in tn), path, wrap=True)
 
 
 def bytes_figure(st: Study, path: str | Path | None = None):
     """The first task's accuracy against bytes read per decode step (left) and held (right), both over bf16 dense.
-    Methods at the same x (the presses, which hold what they read) are spread by 4% per coincident method (log
-    axis) so none hides another; the tables and metrics give the exact counts."""
+    Methods at the same x (the presses, which hold what they read) are dodged by 4% each about it (`_dodged`), and the
+    legend says so; the tables and metrics give the exact counts."""
     import matplotlib.pyplot as plt
 
     from . import viz
@@ -95,17 +116,17 @@ def bytes_figure(st: Study, path: str | Path | None = None):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
     hollow = _hollow(st)
     for ax, kind in zip(axes, ("read", "held")):
-        spread = _Spread()
-        for m in st.methods:
+        xs = _dodged(ax, [st.nbytes[m][kind] for m in st.methods])
+        for m, x in zip(st.methods, xs):
             style = viz.method_style(st.family(m))
-            _errorbar(ax, spread(st.nbytes[m][kind]), st.acc[(t, m)], style, capsize=2, ms=7, label=m,
+            _errorbar(ax, x, st.acc[(t, m)], style, capsize=2, ms=7, label=m,
                       mfc="white" if m in hollow else style["color"])
         ax.set_xscale("log")
         viz.log_axis_plain(ax)
         ax.set(xlabel=f"K/V bytes {'read per decode step' if kind == 'read' else 'held'} / bf16 dense (log)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"{t}: questions answered (95% CI)")
-    viz.legend_outside(axes[1], ncol=1)
+    viz.legend_outside(axes[1], ncol=1, title=_dodge_note(), title_fontsize=7)
     r = st.nbytes[f"{st.config.scorers[0]}@{st.config.budget}"]
     scope = "; sliding layers identical" if st.windows else ""
     return _finish(fig, f"{st.model_name}, {t} at {st.config.length} tokens: routers read {r['read']:.2f} of dense per "
@@ -125,9 +146,9 @@ def agreement_figure(st: Study, path: str | Path | None = None):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     shown = [m for m in st.methods if (t, m) in st.agreement and st.family(m) != "dense"]
     for ax, stat in zip(axes, ("kl", "top1")):
-        spread = _Spread()
-        for m in shown:
-            v, x = st.agreement[(t, m)], spread(st.nbytes[m]["read"])
+        xs = _dodged(ax, [st.nbytes[m]["read"] for m in shown])
+        for m, x in zip(shown, xs):
+            v = st.agreement[(t, m)]
             style = viz.method_style(st.family(m))
             lo, hi = (v["kl_lo"], v["kl_hi"]) if stat == "kl" else (v["top1_lo"], v["top1_hi"])
             ax.errorbar([x], [v[stat]], yerr=[[max(0.0, v[stat] - lo)], [max(0.0, hi - v[stat])]],
@@ -140,7 +161,7 @@ def agreement_figure(st: Study, path: str | Path | None = None):
     axes[0].set_ylim(bottom=0)
     axes[0].set_ylabel("KL(dense || method) per answer token (nats)")
     axes[1].set(ylabel="answer tokens whose top-1 agrees with dense", ylim=(-0.03, 1.03))
-    viz.legend_outside(axes[1], ncol=1)
+    viz.legend_outside(axes[1], ncol=1, title=_dodge_note(), title_fontsize=7)
     kl = {m: st.agreement[(t, m)]["kl"] for m in shown}
     best = min(kl, key=kl.get) if kl else "none"
     return _finish(fig, f"{st.model_name}, {t} at {st.config.length:,} tokens: closest to its dense on the answer "

@@ -16,10 +16,10 @@ SYMLOG = 0.05          # nats: the y axis is linear within +-SYMLOG, logarithmic
 
 
 def _finish(fig, title: str, path):
+    from . import viz
     fig.suptitle(title, fontsize=10, wrap=True)
-    fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=120)
+        viz.save(fig, path, dpi=120)
     return fig
 
 
@@ -74,26 +74,27 @@ def _vs(b: dict) -> str:
 
 def bytes_figure(st: TailStudy, path: str | Path | None = None):
     """One row per kind of text: the excess loss over dense against K/V bytes read per decode step (left) and held
-    (right), both over a bf16 dense cache (log). Methods at one x (the presses) are spread by 4% each."""
+    (right), both over a bf16 dense cache (log). Methods at one x (the presses) are dodged by 4% each about it, as the
+    legend says (`paired_report._dodged`)."""
     import matplotlib.pyplot as plt
 
     from . import viz
-    from .paired_report import _Spread
+    from .paired_report import _dodge_note, _dodged
     cfg, methods = st.config, [m for m in st.methods if m not in ("dense", "hf dense")]
     fig, axes = plt.subplots(len(cfg.kinds), 2, figsize=(11.5, 3.6 * len(cfg.kinds)), sharey=True, squeeze=False)
     for row, kind in zip(axes, cfg.kinds):
         for ax, what in zip(row, ("read", "held")):
-            spread = _Spread()
-            for m in methods:
+            xs = _dodged(ax, [st.nbytes[m][what] for m in methods])
+            for m, x in zip(methods, xs):
                 style = viz.method_style(st.family(m))
-                _errorbar(ax, spread(st.nbytes[m][what]), st.summary[(kind, m)], style, capsize=2, ms=7, label=m)
+                _errorbar(ax, x, st.summary[(kind, m)], style, capsize=2, ms=7, label=m)
             ax.set_xscale("log")
             viz.log_axis_plain(ax)
             _excess_axis(ax)
             ax.set_title(f"{kind}", fontsize=9)
             ax.set(xlabel=f"K/V bytes {'read per decode step' if what == 'read' else 'held'} / bf16 dense (log)")
         row[0].set_ylabel("loss - own dense's (nats / token)")
-    viz.legend_outside(axes[0][1], ncol=1)
+    viz.legend_outside(axes[0][1], ncol=1, title=_dodge_note(), title_fontsize=7)
     r = st.nbytes[f"{cfg.scorers[0]}@{cfg.budget}"]
     return _finish(fig, f"{st.model_name} at {cfg.length} tokens: {cfg.scorers[0]}@{cfg.budget} reads {r['read']:.2f} "
                    f"of bf16 dense per step and holds {r['held']:.2f}; presses hold what they read", path)
