@@ -60,7 +60,7 @@ def test_a_title_past_the_canvas_is_found_and_save_grows_the_canvas_to_hold_it(t
 
 
 def test_a_legend_over_data_is_found_and_save_moves_it_beside_its_axes(tmp_path):
-    """Invariant 2: a legend at "upper left" over a falling line covers its first points; `save` moves it."""
+    """Invariant 2: a legend at "upper left" over a falling line covers its first points; `save` moves it below."""
     import numpy as np
     fig, ax = plt.subplots(figsize=(4, 3))
     x = np.linspace(0, 1, 40)
@@ -86,6 +86,9 @@ def test_a_legend_over_an_axis_label_and_a_tab10_colour_are_refused(tmp_path):
     with pytest.raises(canvas.FigureError, match="default colour"):
         viz.save(fig, tmp_path / "f.png")
     assert not (tmp_path / "f.png").exists()
+    fig, ax = plt.subplots()                                  # an error bar's caps carry an undrawn C0: not counted
+    ax.bar([0, 1], [0.5, 0.6], yerr=[0.1, 0.1], capsize=2, color=viz.COLORS[0])
+    assert canvas.default_colours(fig) == []
 
 
 def test_ticks_never_read_in_scientific_notation():

@@ -194,8 +194,14 @@ def default_colours(fig) -> list[Problem]:
     for a in fig.findobj(lambda a: isinstance(a, (Line2D, Collection, Patch))):
         if not a.get_visible() or a.figure is not fig:
             continue
-        if isinstance(a, Line2D):
-            cs = [a.get_color(), a.get_markerfacecolor(), a.get_markeredgecolor()]
+        if isinstance(a, Line2D):                       # only the paint a line draws: an error bar's cap is a
+            cs = []                                     # "_" marker whose unused line colour is C0
+            if a.get_linestyle() not in ("None", "none", "", " "):
+                cs.append(a.get_color())
+            if a.get_marker() not in (None, "None", "none", "", " "):
+                cs.append(a.get_markeredgecolor())
+                if a._marker.is_filled() and a.get_fillstyle() != "none":
+                    cs.append(a.get_markerfacecolor())
         elif isinstance(a, Collection):
             cs = [*a.get_facecolors(), *a.get_edgecolors()]
         else:
@@ -244,13 +250,15 @@ def _place_below(fig) -> None:
 
 
 def _move_legends_off_data(fig) -> int:
-    """Each axes legend over data goes to the right of its axes (as `viz.legend_outside` puts it)."""
+    """Each axes legend over data goes under its axes (as `viz.legend_below` puts it): beside them, in a row of
+    panels, it lands on the next panel's tick labels."""
     r = _renderer(fig)
     moved = 0
     for ax, leg in _legends(fig):
         if ax is not None and leg.get_visible() and legend_covers_data(leg, fig, r):
-            leg.set_loc("upper left")
-            leg.set_bbox_to_anchor((1.01, 1.0), transform=ax.transAxes)
+            leg.set_loc("upper center")
+            leg.set_bbox_to_anchor((0.5, -0.18), transform=ax.transAxes)
+            setattr(leg, BELOW, True)
             moved += 1
     return moved
 
