@@ -8,7 +8,7 @@ import torch
 import sparsekv as sk
 from sparsekv.core.traffic import hierarchical_vectors
 from sparsekv.routing.hierarchy import GroupIndex, HierarchicalMinMaxScorer, hierarchical
-from sparsekv.routing.scorers import ScoreInput
+from sparsekv.routing.scorers import ScoreInput, make_scorer
 
 
 def setup(n, H, G, D, bs, seed, dtype=torch.float32):
@@ -55,8 +55,7 @@ def reference(store, seq, q, group, keep):
 def test_logits_match_the_float64_definition(G, D):
     for seed, (n, group, keep) in enumerate([(37 * 16 + 5, 4, 2), (29 * 16 + 11, 3, 1), (61 * 16 + 1, 7, 3)]):
         store, seq, q = setup(n, 2, G, D, 16, seed + 10 * G + D)
-        scorer = HierarchicalMinMaxScorer()
-        scorer.group, scorer.keep = group, keep
+        scorer = HierarchicalMinMaxScorer(group, keep)
         got = scorer.logits(inp_of(store, seq, q), "torch", None)
         want = reference(store, seq, q, group, keep)
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
@@ -158,6 +157,38 @@ def test_bad_group_or_keep_is_refused(args, exc, words):
     with pytest.raises(exc, match=words):
         hierarchical(*args)
     assert set(sk.ROUTERS) == before
+
+
+def test_a_variant_is_an_instance_named_by_its_parameters():
+    """(Invariant 1 of HierarchicalMinMaxScorer) the name spells (group, keep), the defaults keep the bare family name,
+    and reading a name back gives an equal scorer; nothing is registered on the way."""
+    before = dict(sk.SCORERS)
+    assert hierarchical(64, 4) == HierarchicalMinMaxScorer(group=64, keep=4) and hierarchical(64, 4).name == \
+        "hminmax-g64-k4"
+    assert hierarchical(16, 8).name == HierarchicalMinMaxScorer().name == "hminmax"          # the defaults
+    assert make_scorer("hminmax-g64-k4") == hierarchical(64, 4) != hierarchical(64, 2)
+    assert make_scorer("hminmax-g16-k8").name == "hminmax"                                   # read, then named plainly
+    assert hash(make_scorer("hminmax-g64-k4")) == hash(hierarchical(64, 4))
+    assert sk.Router("hminmax-g64-k4", top_k=4).scorer.name == "hminmax-g64-k4"
+    assert dict(sk.SCORERS) == before and "hminmax-g64-k4" not in sk.SCORERS
+
+
+@pytest.mark.parametrize("name", ["hminmax", "hminmax-g4-k2", "hminmax-g3-k1", "minmax", "mean", "halves", "oracle"])
+@pytest.mark.parametrize("gqa", ["shared", "per_head"])
+def test_a_scorer_given_as_an_instance_routes_as_its_name_does(name, gqa):
+    cfg = sk.StoreConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, num_blocks=40,
+                         summaries=("kmin", "kmax", "kmean", "khalf"))
+    store = sk.BlockStore(cfg)
+    g = torch.Generator().manual_seed(7)
+    seq = store.new_sequence()
+    store.append(seq, torch.randn(1, 33 * 16 + 5, 2, 64, generator=g), torch.randn(1, 33 * 16 + 5, 2, 64, generator=g))
+    q = torch.randn(8, 64, generator=g)
+    by_name = sk.Router(name, token_budget=96, gqa=gqa)
+    by_instance = sk.Router(make_scorer(name), token_budget=96, gqa=gqa)
+    assert type(by_instance.scorer) is type(by_name.scorer) and by_instance.scorer.name == by_name.scorer.name == name
+    for _ in range(2):                                      # the second step reads the hierarchical cache
+        a, b = by_name.select(q, store, seq, 0), by_instance.select(q, store, seq, 0)
+        assert torch.equal(a.blocks, b.blocks) and torch.equal(a.mass, b.mass) and a.traffic == b.traffic
 
 
 def test_summary_reads_stop_growing_with_the_fine_level():

@@ -39,8 +39,7 @@ def probe_store(p, bs=16):
 
 
 def test_registry_lists_every_scorer():
-    named = {n for n in sk.ROUTERS if not n.startswith("hminmax-")}      # hierarchical(g, k) registers variants
-    assert named == {"minmax", "mean", "halves", "repr", "labels", "oracle", "recency", "random", "hminmax"}
+    assert set(sk.ROUTERS) == {"minmax", "mean", "halves", "repr", "labels", "oracle", "recency", "random", "hminmax"}
 
 
 @pytest.mark.parametrize("scorer", QUERY_AWARE)
@@ -230,7 +229,11 @@ def test_routing_bytes_follow_the_summaries_each_scorer_reads():
 
 
 @pytest.mark.parametrize("kwargs,exc,words", [
-    (dict(scorer="quest"), ValueError, "scorer must be one of"),
+    (dict(scorer="quest"), ValueError, "scorer must be one of .*'hminmax', 'labels', 'mean', 'minmax'"),
+    (dict(scorer="hminmax-g0-k4"), ValueError, "scorer must be one of .* got 'hminmax-g0-k4'"),
+    (dict(scorer="minmax-g4-k2"), ValueError, "scorer must be one of"),      # minmax has no parametrised names
+    (dict(scorer=3), TypeError, "scorer must be a registered scorer name or a routing.Scorer, got int"),
+    (dict(scorer=sk.SCORERS["minmax"]), TypeError, "scorer must be .* got type"),   # the class, not an instance
     (dict(), ValueError, "exactly one of"),
     (dict(top_k=4, top_p=0.5), ValueError, "exactly one of"),
     (dict(top_k=1), ValueError, "top_k must be >= 2"),

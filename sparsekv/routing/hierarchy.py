@@ -29,11 +29,14 @@ from __future__ import annotations
 import math
 import re
 import weakref
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
+from ..core.checks import check_int
 from ..core.traffic import hierarchical_vectors
-from .scorers import Scorer, register_scorer
+from .scorer_base import Scorer
 
 
 class GroupIndex:
@@ -89,21 +92,42 @@ def _bound(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     return q.clamp(min=0) @ hi.to(q.dtype).transpose(1, 2) + q.clamp(max=0) @ lo.to(q.dtype).transpose(1, 2)
 
 
+@dataclass(unsafe_hash=True)
 class HierarchicalMinMaxScorer(Scorer):
     """Two-level Quest (see the module docstring): coarse min/max bounds over `group` blocks, fine ones inside the
     `keep` groups of largest coarse mass and the trailing group. Reads kmin and kmax (coarse, then fine).
 
-    Subclasses (made by `hierarchical`) fix other (group, keep) pairs. Each Router owns its scorer, so the cache of
-    coarse summaries (`GroupIndex` per sequence and layer) lives as long as the router.
+    group  blocks per coarse group (1: the coarse bound is the fine one, i.e. `minmax`)
+    keep   coarse groups refined per step and kv head, besides the trailing incomplete group
+
+    1. `name` spells the parameters: "hminmax" at the defaults (16, 8), else "hminmax-g{group}-k{keep}", the name in
+       every metric; `from_name(name)` reads it back to an equal scorer (equality and hash are over (group, keep)).
+    2. group and keep are fixed once built (the name and the cached groups derive from them).
+    3. The cache of coarse summaries (`GroupIndex` per store, sequence and layer) lives with the instance, so two
+       routers given one instance share it; that is safe, as an index is rebuilt whenever its sequence's physical
+       ids change. A router built from a name builds its own instance.
     """
 
     name, reads = "hminmax", ("kmin", "kmax")
-    group, keep = 16, 8
-    MAX_INDEXES = 4096                  # cached (sequence, layer) indexes; the oldest are dropped beyond this
+    NAME: ClassVar = re.compile(r"hminmax-g([1-9][0-9]*)-k([1-9][0-9]*)")
+    MAX_INDEXES: ClassVar = 4096        # cached (sequence, layer) indexes; the oldest are dropped beyond this
 
-    def __init__(self):
-        self._index: dict[tuple, GroupIndex] = {}
-        self.last_read_tiles = 0        # fine + coarse tiles the last `logits` call read, per kv head (for tests)
+    group: int = 16
+    keep: int = 8
+    _index: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    last_read_tiles: int = field(default=0, init=False, repr=False, compare=False)   # fine + coarse tiles the last
+                                                                                      # `logits` call read, per kv head
+
+    def __post_init__(self):
+        check_int("group", self.group, lo=1)
+        check_int("keep", self.keep, lo=1)
+        if (self.group, self.keep) != (16, 8):                     # the defaults keep the family's bare name
+            self.name = f"hminmax-g{self.group}-k{self.keep}"
+
+    @classmethod
+    def from_name(cls, name: str) -> "HierarchicalMinMaxScorer | None":
+        m = cls.NAME.fullmatch(name)
+        return cls(int(m[1]), int(m[2])) if m else None
 
     def index(self, inp) -> GroupIndex:
         """The sequence's GroupIndex at this layer, brought up to date with its table."""
@@ -159,33 +183,10 @@ class HierarchicalMinMaxScorer(Scorer):
         return out.float()
 
 
-_MADE: dict[tuple[int, int], str] = {}
+def hierarchical(group: int, keep: int) -> HierarchicalMinMaxScorer:
+    """A hierarchical minmax scorer with these (group, keep) (`Router(hierarchical(64, 4), token_budget=...)`); its
+    `name`, "hminmax-g64-k4" ("hminmax" at (16, 8)), names it too: `Router("hminmax-g64-k4", ...)` routes the same."""
+    return HierarchicalMinMaxScorer(group, keep)
 
 
-def hierarchical(group: int, keep: int) -> str:
-    """The registered name of a hierarchical minmax scorer with these (group, keep), registering it on first use:
-    "hminmax-g{group}-k{keep}" (`Router(hierarchical(64, 4), token_budget=...)`). ("hminmax" itself is (16, 8).)"""
-    from ..core.checks import check_int
-    check_int("group", group, lo=1)
-    check_int("keep", keep, lo=1)
-    if (group, keep) == (HierarchicalMinMaxScorer.group, HierarchicalMinMaxScorer.keep):
-        return HierarchicalMinMaxScorer.name
-    if (group, keep) not in _MADE:
-        name = f"hminmax-g{group}-k{keep}"
-        cls = type(f"HierarchicalMinMax_g{group}_k{keep}", (HierarchicalMinMaxScorer,),
-                   {"name": name, "group": group, "keep": keep, "__doc__": HierarchicalMinMaxScorer.__doc__})
-        register_scorer(cls)
-        _MADE[group, keep] = name
-    return _MADE[group, keep]
-
-
-def resolve(name: str) -> str | None:
-    """`hierarchical`'s name for a "hminmax-g{group}-k{keep}" string (registering it, as a run in another process
-    did), or None for any other name."""
-    m = re.fullmatch(r"hminmax-g([1-9][0-9]*)-k([1-9][0-9]*)", name)
-    return hierarchical(int(m[1]), int(m[2])) if m else None
-
-
-register_scorer(HierarchicalMinMaxScorer)
-
-__all__ = ["GroupIndex", "HierarchicalMinMaxScorer", "hierarchical", "resolve"]
+__all__ = ["GroupIndex", "HierarchicalMinMaxScorer", "hierarchical"]

@@ -42,8 +42,7 @@ from ..core.backend import resolve
 from ..core.checks import check_choice, check_int
 from ..core.traffic import INDEX_BYTES, StepTraffic
 from ..storage.store import BlockStore, Sequence, check_decode_query
-from . import hierarchy  # noqa: F401  (registers the hierarchical scorers beside the flat ones)
-from .scorers import ROUTERS, ScoreInput, _cpp_summaries, fused_route
+from .scorers import ROUTERS, ScoreInput, Scorer, _cpp_summaries, fused_route, make_scorer
 from .selectors import Selector, TopK, make_selector, rank_key
 
 GQA_UNITS = ("shared", "per_head", "union")       # how a GQA group's query heads share a selection (step 3)
@@ -82,7 +81,7 @@ class Selection:
 class RouterConfig:
     """Everything a `Router` is built from (see `Router` for the rules between the fields)."""
 
-    scorer: str = "minmax"                  # a registered scorer name (SCORERS)
+    scorer: str | Scorer = "minmax"         # a Scorer, or a name `scorers.make_scorer` reads ("hminmax-g64-k4")
     top_k: int | None = None                # K blocks in all, forced ones included
     top_p: float | None = None              # the smallest set whose mass reaches p
     threshold: float | None = None          # blocks within exp(-threshold) of the best (logit units)
@@ -111,6 +110,8 @@ PRESETS: dict[str, RouterConfig] = {
 class Router:
     """Chooses, per decode step, the blocks each kv head reads (see the module docstring).
 
+    The scorer is a `Scorer` instance (used as given, as a `selector` is) or a name: a registered one, or a
+    parametrised one its family reads back ("hminmax-g64-k4"; `scorers.make_scorer`).
     Exactly one selector is set: `top_k`, `token_budget` (converted to
     max(1, token_budget // block_size) blocks), `top_p` or `threshold`, or a `selector` object
     (any registered `Selector`). The forced blocks count toward a top_k budget, which must
@@ -118,7 +119,7 @@ class Router:
     once here; `select` runs them per step.
     """
 
-    def __init__(self, scorer: str | RouterConfig = "minmax", top_k: int | None = None, top_p: float | None = None,
+    def __init__(self, scorer: str | Scorer | RouterConfig = "minmax", top_k: int | None = None, top_p: float | None = None,
                  threshold: float | None = None, sink_blocks: int = 1, local_blocks: int = 1,
                  gqa: str = "shared", token_budget: int | None = None, adaptive_mass: float | None = None,
                  agg: str = "sum", seed: int = 0, backend: str = "auto", selector: Selector | None = None):
@@ -131,7 +132,7 @@ class Router:
             scorer, top_k, top_p, threshold = cfg.scorer, cfg.top_k, cfg.top_p, cfg.threshold
             sink_blocks, local_blocks, gqa, token_budget = cfg.sink_blocks, cfg.local_blocks, cfg.gqa, cfg.token_budget
             adaptive_mass, agg, seed, backend, selector = cfg.adaptive_mass, cfg.agg, cfg.seed, cfg.backend, cfg.selector
-        check_choice("scorer", scorer, ROUTERS)
+        scorer_ = make_scorer(scorer)                 # TypeError / ValueError naming `scorer`
         if selector is not None and not isinstance(selector, Selector):
             raise TypeError(f"selector must be a routing.Selector, got {type(selector).__name__}")
         check_choice("gqa", gqa, GQA_UNITS)
@@ -157,14 +158,14 @@ class Router:
                 raise ValueError("adaptive_mass needs top_k or token_budget (it caps K and stops early)")
             if not 0 < adaptive_mass <= 1:
                 raise ValueError(f"adaptive_mass must be in (0, 1], got {adaptive_mass}")
-        self.scorer = ROUTERS[scorer]()
+        self.scorer = scorer_
         self.selector = selector or make_selector(top_k, token_budget, top_p, threshold, adaptive_mass,
                                                   min_blocks=sink_blocks + local_blocks)
         if gqa == "union" and type(self.selector) is not TopK:
             raise ValueError(f"gqa='union' needs top_k or token_budget (a K blocks to fill), got the "
                              f"{self.selector.name!r} selector")
         if self.selector.needs_query_aware and not self.scorer.query_aware:
-            raise ValueError(f"scorer {scorer!r} ignores the query; top_p, threshold and adaptive_mass need "
+            raise ValueError(f"scorer {self.scorer.name!r} ignores the query; top_p, threshold and adaptive_mass need "
                              f"one of {[n for n, c in ROUTERS.items() if c.query_aware]}")
         self.top_k, self.top_p, self.threshold = top_k, top_p, threshold
         self.token_budget, self.adaptive_mass = token_budget, adaptive_mass

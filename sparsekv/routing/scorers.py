@@ -1,80 +1,25 @@
 """Block scorers: how a router ranks blocks for one decode query, in a registry.
 
 Each scorer turns a query and the store's per-block summaries (or, for the oracle, the keys
-themselves) into block logits [H, G or 1, nb]; `Router` softmaxes and selects. Scorers are
-registered by name (`register_scorer`), so `Router("name", ...)` picks one up with no other change.
+themselves) into block logits [H, G or 1, nb]; `Router` softmaxes and selects. The registry
+(`SCORERS`) is bound once, below, from every built-in scorer (the flat ones here and the
+hierarchical one in `hierarchy`); `register_scorer` adds another. A router takes a scorer as an
+instance or by name (`make_scorer`): a registered name, or a parametrised one ("hminmax-g64-k4")
+that the named family reads back (`Scorer.from_name`).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from ..core import registry
-from ..core.traffic import key_traffic, summary_traffic
-from ..storage.store import BlockStore, Sequence
-from ..storage.summaries import summary_vectors
+from ..core.traffic import key_traffic
+from .hierarchy import HierarchicalMinMaxScorer
 from .mass import block_attention_mass
+from .scorer_base import ScoreInput, Scorer
 
-# -- scorers --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ScoreInput:
-    """What a scorer sees for one decode step of one layer."""
-
-    q: torch.Tensor          # [H, G, D] float32 query, grouped by kv head
-    store: BlockStore
-    seq: Sequence
-    layer: int
-    table: torch.Tensor      # [nb] physical block ids in logical order
-
-
-class Scorer:
-    """Base class: `logits(inp, backend)` -> [H, G or 1, nb] float32 block logits.
-
-    backend is "reference", "torch" or "triton"; scorers without a kernel (repr, oracle and
-    the query-blind ones) run their torch path under "triton".
-
-    `query_aware` scorers can drive top_p and threshold. `reads` names the per-block summaries
-    (`storage.summaries`) a scorer reads; the byte model charges it their vectors per tile
-    (`vectors`). A scorer reading something else sets `summary_vectors` or overrides `score_bytes`.
-    """
-
-    name = ""
-    query_aware = True
-    reads: tuple[str, ...] = ()
-    summary_vectors = 0
-    fused_kind: int | None = None     # the CPU route kernel's kind for this scorer (route_topk), if it has one
-    needs_calibration = False         # True: the store must hold a calibration (StoreConfig.labels)
-
-    @classmethod
-    def family(cls) -> str:
-        """The registered scorer this one is a variant of (the name it is drawn and grouped under): the most general
-        subclass of `Scorer` it derives from, e.g. "hminmax" for `hierarchy.hierarchical`'s "hminmax-g64-k4"."""
-        mro = cls.__mro__
-        return mro[mro.index(Scorer) - 1].name
-
-    def route_operands(self, store: BlockStore, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fused CPU route's two summaries at `layer`, each a contiguous [H, NB, D] view (a scorer reading one
-        summary passes it twice): only for a scorer with a `fused_kind`."""
-        first, *rest = self.reads
-        a = store.summary(first)[layer].transpose(0, 1)
-        return a, (store.summary(rest[0])[layer].transpose(0, 1) if rest else a)
-
-    def vectors(self, config) -> int:
-        """head_dim vectors this scorer reads per (kv head, block) under `config` (a StoreConfig)."""
-        return summary_vectors(self.reads, config) if self.reads else self.summary_vectors
-
-    def logits(self, inp: ScoreInput, backend: str, generator: torch.Generator) -> torch.Tensor:
-        raise NotImplementedError
-
-    def score_bytes(self, store: BlockStore, seq: Sequence) -> int:
-        """Summary bytes this scorer reads for `seq` (the byte model: `core.traffic`)."""
-        c = store.config
-        tiles = seq.num_blocks * c.num_kv_heads
-        return summary_traffic(tiles, self.vectors(c), c.head_dim, c.summary_itemsize).summary_bytes
-
+# -- scorers ----------------------------------------------------------------------------------
 
 def _summary_logits(q: torch.Tensor, summary: torch.Tensor, inp: ScoreInput) -> torch.Tensor:
     """q [H, G, D] against a head-major summary [L, NB, H, D]: q . s for the sequence's blocks, [H, G, nb].
@@ -271,9 +216,6 @@ class RandomScorer(Scorer):
         return torch.rand(inp.q.shape[0], 1, inp.table.numel(), generator=generator)
 
 
-SCORERS: dict[str, type[Scorer]] = {}
-
-
 def register_scorer(cls: type[Scorer]) -> type[Scorer]:
     """Add a scorer class to the registry under `cls.name`; `Router(name, ...)` can then use it.
 
@@ -284,21 +226,52 @@ def register_scorer(cls: type[Scorer]) -> type[Scorer]:
     return registry.add(SCORERS, cls, Scorer, "scorer")
 
 
-for _cls in (MinMaxScorer, MeanScorer, HalvesScorer, ReprScorer, LabelScorer, OracleScorer, RecencyScorer, RandomScorer):
+# The registry, bound once: every built-in scorer under its name. Nothing registers by being imported.
+SCORERS: dict[str, type[Scorer]] = {}
+for _cls in (MinMaxScorer, MeanScorer, HalvesScorer, ReprScorer, LabelScorer, OracleScorer, RecencyScorer, RandomScorer,
+             HierarchicalMinMaxScorer):
     register_scorer(_cls)
 ROUTERS = SCORERS       # the name the public API has always used for the scorer registry
 
 
+def make_scorer(scorer: "str | Scorer", what: str = "scorer") -> Scorer:
+    """The scorer `scorer` names: a `Scorer` instance as it is; a registered name, its class with no arguments
+    ("minmax" -> MinMaxScorer()); a parametrised name, what its family's `from_name` reads back ("hminmax-g64-k4" ->
+    HierarchicalMinMaxScorer(group=64, keep=4), whose `name` is that string again).
+
+    TypeError for anything but a str or a Scorer; ValueError for a name no family reads, listing the known ones.
+    `what` is the argument's name in the message.
+    """
+    if isinstance(scorer, Scorer):
+        return scorer
+    if not isinstance(scorer, str):
+        raise TypeError(f"{what} must be a registered scorer name or a routing.Scorer, got {type(scorer).__name__}")
+    cls = SCORERS.get(scorer)
+    if cls is not None:
+        return cls()
+    family, sep, _ = scorer.partition("-")
+    made = SCORERS[family].from_name(scorer) if sep and family in SCORERS else None
+    if made is None:
+        raise ValueError(f"{what} must be one of {sorted(SCORERS)} (or a parametrised name such as 'hminmax-g64-k4'), "
+                         f"got {scorer!r}")
+    return made
+
+
 def summaries_for(scorers) -> tuple[str, ...]:
-    """The per-block summaries a store keeps so that every one of `scorers` (registered names) can route on it: the
-    Engine's default ones (`storage.summaries.DEFAULT_SUMMARIES`), then each scorer's `reads` not among them, in
-    order, without repeats (e.g. ("minmax", "halves") -> the defaults and "khalf"). ValueError names an unknown
-    scorer."""
+    """The per-block summaries a store keeps so that every one of `scorers` (names or instances, `make_scorer`) can
+    route on it: the Engine's default ones (`storage.summaries.DEFAULT_SUMMARIES`), then each scorer's `reads` not
+    among them, in order, without repeats (e.g. ("minmax", "halves") -> the defaults and "khalf"). ValueError names
+    an unknown scorer."""
     from ..storage.summaries import DEFAULT_SUMMARIES
-    scorers = [scorers] if isinstance(scorers, str) else list(scorers)
-    unknown = [s for s in scorers if s not in SCORERS]
+    scorers = [scorers] if isinstance(scorers, (str, Scorer)) else list(scorers)
+    unknown = [s for s in scorers if isinstance(s, str) and _parsed(s) is None]
     if unknown:
         raise ValueError(f"scorers must name scorers of {list(SCORERS)}, got {unknown!r}")
-    return tuple(dict.fromkeys(DEFAULT_SUMMARIES + tuple(r for s in scorers for r in SCORERS[s].reads)))
+    return tuple(dict.fromkeys(DEFAULT_SUMMARIES + tuple(r for s in scorers for r in make_scorer(s, "scorers").reads)))
 
 
+def _parsed(name: str) -> Scorer | None:
+    try:
+        return make_scorer(name)
+    except ValueError:
+        return None

@@ -20,7 +20,6 @@ from ..analysis import peers, turns
 from ..core.traffic import cache_bytes
 from ..model.engine import Engine
 from ..routing.router import Router
-from ..routing.scorers import SCORERS
 from ..storage.summaries import summary_vectors
 
 
@@ -90,7 +89,7 @@ def lossless_rows(engines: dict[str, Engine], probe: turns.TwoFacts, methods: li
                 try:
                     logits = _feed(engine, child, probe, m)
                     st = engine.stats(child)
-                    read_vectors = SCORERS[m.router.config.scorer]().vectors(c) if m.router is not None else 0
+                    read_vectors = m.router.scorer.vectors(c) if m.router is not None else 0
                     model = cache_bytes("lossless", tokens=child.num_tokens, budget=m.budget,
                                         summaries_read=read_vectors, **geom)
                     rows.append({"method": m.name, "family": "lossless" if key == "fp32" else "lossless int8",

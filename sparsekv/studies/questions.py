@@ -32,7 +32,6 @@ import torch
 from ..analysis import observe, peers, stats, tasks
 from ..core.traffic import CacheBytes, cache_bytes, hybrid_cache_bytes
 from ..routing.router import Router
-from ..routing.scorers import SCORERS
 from ..storage.summaries import summary_vectors
 from . import equalbytes
 
@@ -203,7 +202,7 @@ def family(name: str, lossless: list[Lossless], lossy: list[peers.PeerMethod]) -
     ("int8 " before it over int8 blocks), a press's name, or HQQ<bits>."""
     for m in lossless:
         if m.name == name:
-            return ("int8 " if m.kv_bits else "") + ("dense" if m.router is None else m.router.config.scorer)
+            return ("int8 " if m.kv_bits else "") + ("dense" if m.router is None else m.router.scorer.name)
     m = next((m for m in lossy if m.name == name), None)
     if m is None:
         raise ValueError(f"name must be one of the study's methods, got {name!r}")
@@ -258,7 +257,7 @@ def method_bytes(method, tokens: int, *, layers: int, kv_heads: int, head_dim: i
     if isinstance(method, Lossless):
         c = store_config
         held_vectors = summary_vectors(c.summaries, c) if c is not None else 0
-        read_vectors = SCORERS[method.router.config.scorer]().vectors(c) if method.router is not None and c else 0
+        read_vectors = method.router.scorer.vectors(c) if method.router is not None and c else 0
         lay = dict(block_size=block_size, summaries_held=held_vectors, summaries_read=read_vectors,
                    kv_bits=method.kv_bits, scale_itemsize=itemsize)
         if windows is None:

@@ -172,7 +172,7 @@ class TailStudy:
         (over exact blocks, the oracle aside), "press" or "quantiser". Ties go to the name first in alphabetical
         order."""
         groups = {"router": [m.name for m in self.lossless if m.router is not None and m.kv_bits == 0
-                             and m.router.config.scorer != "oracle"],
+                             and m.router.scorer.name != "oracle"],
                   "press": [m.name for m in self.lossy if m.family == "evict"],
                   "quantiser": [m.name for m in self.lossy if m.family == "quant"]}
         if what not in groups:

@@ -72,14 +72,15 @@ QUANT_COLOR = "#56B4E9"             # HQQ quantisation (sky blue: no router's co
 
 def router_color(name: str) -> str:
     """The colour of a router (or "scorer@budget" method) by its scorer's family (`Scorer.family`, `ROUTER_COLORS`):
-    the variants that `routing.hierarchy.hierarchical(group, keep)` registers ("hminmax-g64-k4", resolved by name
-    when a figure is drawn in another process) share hminmax's colour; a scorer registered later without one is
-    drawn in `OTHER`, which no named router or HQQ uses."""
-    from ..routing.hierarchy import resolve
-    from ..routing.scorers import SCORERS
+    the parametrised names of a family ("hminmax-g64-k4", `routing.hierarchy.hierarchical(64, 4).name`) share its
+    colour; a scorer registered later without one is drawn in `OTHER`, which no named router or HQQ uses."""
+    from ..routing.scorers import make_scorer
     scorer = name.split("@")[0].split(" ")[0]
-    cls = SCORERS.get(resolve(scorer) or scorer)
-    return ROUTER_COLORS.get(cls.family() if cls else scorer, OTHER)
+    try:
+        family = type(make_scorer(scorer)).family()
+    except ValueError:
+        family = scorer
+    return ROUTER_COLORS.get(family, OTHER)
 
 
 def router_marker(name: str) -> str:
