@@ -123,3 +123,33 @@ def test_engine_rejects_bad_input():
         engine.prefill(seq, torch.zeros(100, dtype=torch.long))
     with pytest.raises(TypeError, match="router must be a Router"):
         sk.Engine(model, router="minmax")
+
+
+def test_the_family_table_sets_what_each_family_changes():
+    """`model.families`: the loader reads a config through its family's row (fixed switches, then what the checkpoint
+    fills); the GGUF paths look a family up by architecture."""
+    import warnings
+
+    from sparsekv.model import families
+    from sparsekv.model.checkpoint import config_from_hf
+    kw = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=1, max_position_embeddings=512)
+    llama = config_from_hf(transformers.LlamaConfig(**kw))
+    assert (llama.block, llama.norm_offset, llama.qk_norm, llama.hidden_act, llama.embed_scale, llama.windows) == \
+        ("prenorm", 0.0, False, "silu", 1.0, ())                      # the decoder's defaults: Llama's
+    assert not llama.attention_bias and config_from_hf(transformers.Qwen2Config(**kw)).attention_bias  # Qwen2's default
+    gemma = config_from_hf(transformers.Gemma3TextConfig(**kw, head_dim=16, sliding_window=16))
+    assert (gemma.block, gemma.norm_offset, gemma.qk_norm, gemma.hidden_act, gemma.embed_scale) == \
+        ("sandwich", 1.0, True, "gelu_tanh", 8.0)                      # sqrt(64)
+    assert gemma.name.startswith("gemma3:") and gemma.windows == (16,) * 4     # every 6th layer would be global
+    with pytest.warns(UserWarning, match="sliding_window is ignored"):
+        mistral = config_from_hf(transformers.MistralConfig(**kw, sliding_window=64))
+    assert mistral.windows == () and mistral.name.startswith("mistral:")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config_from_hf(transformers.MistralConfig(**kw, sliding_window=None))           # no window, no warning
+    with pytest.raises(ValueError, match=r"model_type must be one of \('llama', 'qwen2', 'mistral', 'gemma3_text'\)"):
+        families.of_model_type("phi3")
+    assert families.of_gguf_arch("llama").permuted_qk and not families.of_gguf_arch("qwen2").permuted_qk
+    assert families.of_gguf_arch("gemma3").gguf_tokenizer and not families.of_gguf_arch("llama").gguf_tokenizer
+    assert families.of_gguf_arch("mistral") is None and families.of_gguf_arch("phi3") is None   # Mistral's say llama

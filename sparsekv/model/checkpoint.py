@@ -1,6 +1,7 @@
 """Load a local checkpoint into `Model`: a Hugging Face folder (config.json + *.safetensors) or a GGUF file.
 
-Llama, Qwen2 and Mistral families, and Gemma 3 (text). Nothing is downloaded: the folder or file must exist locally.
+Llama, Qwen2 and Mistral families, and Gemma 3 (text): what each changes is one row of `families.FAMILIES`.
+Nothing is downloaded: the folder or file must exist locally.
 A `.gguf` file is read once through transformers (which dequantises it to float32, about 20 s
 for SmolLM2-135M) and converted into a safetensors folder beside it, `converted-<sha256>/` (the
 file's full sha256), with the tokenizer and its chat template; later loads read that folder (about
@@ -23,57 +24,18 @@ from pathlib import Path
 
 import torch
 
-from . import cache_folder
+from . import cache_folder, families
 from .model import Model, ModelConfig
-
-FAMILIES = ("llama", "qwen2", "mistral", "gemma3_text")
-
-
-def _gemma3(hf) -> ModelConfig:
-    """Gemma 3 (text): per-layer sliding or full attention, each with its own rotary base; sandwich norms with
-    (1 + w) RMSNorm and q/k norms; GeGLU; embeddings scaled by sqrt(dim); q.k scaled by query_pre_attn_scalar^-0.5.
-    Read from transformers' config (which the GGUF's metadata and Gemma3TextConfig's defaults fill)."""
-    rope = getattr(hf, "rope_parameters", None) or {}
-    glob, loc = rope.get("full_attention", {}), rope.get("sliding_attention", {})
-    for part in (glob, loc):
-        if part.get("rope_type", "default") != "default":
-            raise ValueError(f"Gemma 3 rope_type {part.get('rope_type')!r} is not supported (default only)")
-    if getattr(hf, "final_logit_softcapping", None) or getattr(hf, "attn_logit_softcapping", None):
-        raise ValueError("Gemma 3 with logit softcapping is not supported (the 270M model has none)")
-    windows = tuple(hf.sliding_window if t == "sliding_attention" else 0 for t in hf.layer_types)
-    return ModelConfig(
-        vocab_size=hf.vocab_size, dim=hf.hidden_size, n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads,
-        n_kv_heads=hf.num_key_value_heads, head_dim=hf.head_dim, intermediate_size=hf.intermediate_size,
-        norm_eps=hf.rms_norm_eps, rope_theta=float(glob.get("rope_theta", 1e6)),
-        rope_theta_local=float(loc.get("rope_theta", 1e4)), windows=windows, block="sandwich", norm_offset=1.0,
-        qk_norm=True, hidden_act={"gelu_pytorch_tanh": "gelu_tanh"}.get(hf.hidden_activation, hf.hidden_activation),
-        embed_scale=float(hf.hidden_size) ** 0.5, attn_scale=float(hf.query_pre_attn_scalar) ** -0.5,
-        attention_bias=bool(getattr(hf, "attention_bias", False)), tie_embeddings=bool(hf.tie_word_embeddings),
-        max_seq_len=hf.max_position_embeddings, name=f"gemma3:{Path(str(hf.name_or_path)).name}")
 
 
 def config_from_hf(hf) -> ModelConfig:
-    """A `ModelConfig` from a transformers config object of a supported family."""
-    kind = getattr(hf, "model_type", "")
-    if kind not in FAMILIES:
-        raise ValueError(f"model_type must be one of {FAMILIES}, got {kind!r}")
-    if kind == "gemma3_text":
-        return _gemma3(hf)
-    rope = getattr(hf, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-    scaling = getattr(hf, "rope_scaling", None) or (rope if rope.get("rope_type", "default") != "default" else None)
-    if getattr(hf, "sliding_window", None) and kind == "mistral":
+    """A `ModelConfig` from a transformers config object of a supported family (`families`): the family's fixed
+    switches and what its reader takes from the config."""
+    family = families.of_model_type(getattr(hf, "model_type", ""))
+    if family.window_ignored and getattr(hf, "sliding_window", None):
         warnings.warn("sliding_window is ignored: sparsekv attends over the full context", stacklevel=3)
-    return ModelConfig(
-        vocab_size=hf.vocab_size, dim=hf.hidden_size, n_layers=hf.num_hidden_layers,
-        n_heads=hf.num_attention_heads, n_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
-        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
-        intermediate_size=hf.intermediate_size, norm_eps=hf.rms_norm_eps, rope_theta=float(theta),
-        rope_scaling=dict(scaling) if scaling else None,
-        attention_bias=bool(getattr(hf, "attention_bias", kind == "qwen2")),
-        tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-        max_seq_len=getattr(hf, "max_position_embeddings", 131072), name=f"{kind}:{Path(str(hf.name_or_path)).name}",
-    )
+    return ModelConfig(**family.switches, **family.read(hf, family),
+                       name=f"{family.name}:{Path(str(hf.name_or_path)).name}")
 
 
 WEIGHTS = ("float32", "gguf")
@@ -149,8 +111,8 @@ def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
     gguf = Path(path)
     if gguf.suffix == ".gguf" and gguf.is_file():
-        from .tokenizer import GGUFTokenizer, gguf_architecture
-        if gguf_architecture(gguf) == "gemma3":
+        if _gguf_family_tokenizer(gguf):
+            from .tokenizer import GGUFTokenizer
             return GGUFTokenizer.from_gguf(gguf, cache=True)
     folder = _checkpoint_folder(path)
     if not folder.is_dir():
@@ -172,6 +134,13 @@ def prepare(gguf: str | Path) -> Path:
     folder = _checkpoint_folder(gguf)
     load_tokenizer(gguf)
     return folder
+
+
+def _gguf_family_tokenizer(gguf: Path) -> bool:
+    """Whether the family of a GGUF file builds its tokenizer from the file's vocabulary (`Family.gguf_tokenizer`)."""
+    from .tokenizer import gguf_architecture
+    family = families.of_gguf_arch(gguf_architecture(gguf))
+    return family is not None and family.gguf_tokenizer
 
 
 def _converted(gguf: Path) -> tuple[Path, str]:
@@ -202,10 +171,9 @@ def _convert_gguf(gguf: Path, folder: Path, digest: str) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .tokenizer import gguf_architecture
     # Gemma 3's tokenizer comes from the file itself (load_tokenizer); transformers' is wrong and is not kept
-    tok = None if gguf_architecture(gguf) == "gemma3" else AutoTokenizer.from_pretrained(str(gguf.parent),
-                                                                                       gguf_file=gguf.name)
+    tok = None if _gguf_family_tokenizer(gguf) else AutoTokenizer.from_pretrained(str(gguf.parent),
+                                                                                gguf_file=gguf.name)
     hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     config = hf.config.to_dict()
     config.pop("quantization_config", None)          # the weights below are plain float32

@@ -59,6 +59,7 @@ import torch.nn.functional as F
 
 from ..core import cpu_paths
 from ..core.checks import check_choice
+from .families import of_gguf_arch
 
 DECODE_ROWS = 16          # at most this many rows of x go through the kernel; more are a prefill chunk (MKL)
 ACTIVATIONS = ("float32", "int8")   # what a decode row of x is multiplied as (QuantLinear.activations)
@@ -381,7 +382,8 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path) -> nn.Module:
     the model."""
     from .gguf_file import read_header
     header = read_header(gguf_path)
-    arch = header.string("general.architecture")
+    family = of_gguf_arch(header.string("general.architecture"))
+    permuted = family is not None and family.permuted_qk        # llama.cpp's q/k row order (`families`)
     cfg = model.config
     mods = dict(model.named_modules())
     for t in header.tensors:
@@ -399,7 +401,7 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path) -> nn.Module:
                 raise ValueError(f"unexpected quantised tensor {t.name!r} in {gguf_path}")
             target = f"layers.{i}.{_NAMES[part]}"
         w = from_gguf_bytes(t.rows(), kind)
-        if arch == "llama" and part in ("attn_q", "attn_k"):
+        if permuted and part in ("attn_q", "attn_k"):
             heads = cfg.n_heads if part == "attn_q" else cfg.n_kv_heads
             w = w.rows(_unpermute_rows(w.shape[0], heads))
         if target == "embed_tokens":
