@@ -153,3 +153,25 @@ def test_the_family_table_sets_what_each_family_changes():
     assert families.of_gguf_arch("llama").permuted_qk and not families.of_gguf_arch("qwen2").permuted_qk
     assert families.of_gguf_arch("gemma3").gguf_tokenizer and not families.of_gguf_arch("llama").gguf_tokenizer
     assert families.of_gguf_arch("mistral") is None and families.of_gguf_arch("phi3") is None   # Mistral's say llama
+
+
+def test_head_dim_is_resolved_once_and_checked():
+    """ModelConfig's invariants 1-4: head_dim is resolved at construction and kept by replace; the rules it needs
+    are refused with the field named."""
+    import dataclasses
+    c = sk.ModelConfig(dim=64, n_heads=4, n_kv_heads=2)
+    assert c.head_dim == 16                                                  # 1: 0 -> dim // n_heads
+    assert sk.ModelConfig(dim=640, n_heads=4, n_kv_heads=1, head_dim=256).head_dim == 256     # 1: given, kept
+    wider = dataclasses.replace(c, n_heads=2)
+    assert wider.head_dim == 16                                              # 2: replace keeps the resolved width
+    assert dataclasses.replace(c, n_heads=2, head_dim=0).head_dim == 32      # 2: ... unless derived again
+    assert sk.ModelConfig(**c.as_dict()).head_dim == 16                      # the saved form holds the resolved width
+    assert sk.ModelConfig(dim=60, n_heads=4, n_kv_heads=2, positions="none").head_dim == 15    # 3: NoPE: odd is fine
+    for kw, exc, words in [(dict(dim=66, n_heads=4), ValueError, "needs n_heads \\(4\\) to divide dim \\(66\\)"),
+                           (dict(dim=60, n_heads=4), ValueError, "head_dim must be even with rotary"),          # 3
+                           (dict(head_dim=-8), ValueError, "head_dim must be >= 0"),
+                           (dict(head_dim=16.0), TypeError, "head_dim must be an int"),
+                           (dict(n_kv_heads=0), ValueError, "n_kv_heads must be >= 1"),                      # 4
+                           (dict(n_heads=6, n_kv_heads=4, head_dim=16), ValueError, "multiple of n_kv_heads")]:  # 4
+        with pytest.raises(exc, match=words):
+            sk.ModelConfig(**{"n_kv_heads": 2, **kw})

@@ -32,7 +32,7 @@ def _read_llama(hf, family: "Family") -> dict:
     return dict(
         vocab_size=hf.vocab_size, dim=hf.hidden_size, n_layers=hf.num_hidden_layers,
         n_heads=hf.num_attention_heads, n_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
-        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+        head_dim=getattr(hf, "head_dim", None) or 0,          # 0: ModelConfig derives dim // n_heads
         intermediate_size=hf.intermediate_size, norm_eps=hf.rms_norm_eps, rope_theta=float(theta),
         rope_scaling=dict(scaling) if scaling else None,
         attention_bias=bool(getattr(hf, "attention_bias", family.bias_default)),

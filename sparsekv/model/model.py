@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..core.checks import check_int
 from ..storage.store import BlockStore, Reservation
 
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}   # the gated MLP's
@@ -34,12 +35,23 @@ ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tan
 
 @dataclass
 class ModelConfig:
+    """The decoder's shape and switches (a family's switches: `families`).
+
+    Invariants, checked at construction (`__post_init__`):
+    1. head_dim is resolved: after construction it is the per-head width every module reads (>= 1). Given as 0 it is
+       dim // n_heads, which needs n_heads to divide dim; given > 0 it is kept (Gemma 3 270M: dim 640, 4 heads of 256).
+    2. A resolved head_dim is a field like the others: `replace(config, n_heads=...)` keeps it (a trained model's
+       heads do not change width with a preset); pass head_dim=0 to derive it again.
+    3. With rotary positions head_dim is even (rotate-half pairs channel i with i + head_dim / 2).
+    4. n_kv_heads >= 1 divides n_heads (GQA).
+    """
+
     vocab_size: int = 4096
     dim: int = 512                  # residual width
     n_layers: int = 4
     n_heads: int = 8                # query heads
     n_kv_heads: int = 2             # kv heads (GQA); n_heads is a multiple of it
-    head_dim: int = 0               # 0: dim // n_heads
+    head_dim: int = 0               # per-head width; 0: dim // n_heads, resolved at construction (invariant 1)
     intermediate_size: int = 1408   # SwiGLU hidden width
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
@@ -62,11 +74,19 @@ class ModelConfig:
     name: str = "custom"
 
     def __post_init__(self):
-        # Only `head_dim` is resolved in place (0 -> dim // n_heads). `mixers` and `windows` keep what was given (()
-        # stands for "every layer"), and the per-layer values are the properties `layer_mixers` and `layer_windows`:
-        # a field that held a value derived from n_layers would refuse `replace(config, n_layers=...)`.
+        # Only `head_dim` is resolved in place (0 -> dim // n_heads; invariants 1 and 2). `mixers` and `windows` keep
+        # what was given (() stands for "every layer"), and the per-layer values are the properties `layer_mixers` and
+        # `layer_windows`: a field that held a value derived from n_layers would refuse `replace(config, n_layers=...)`.
+        check_int("n_heads", self.n_heads, lo=1)
+        check_int("n_kv_heads", self.n_kv_heads, lo=1)
+        check_int("head_dim", self.head_dim, lo=0)
         if self.head_dim == 0:
+            if self.dim % self.n_heads:
+                raise ValueError(f"head_dim=0 derives dim // n_heads, which needs n_heads ({self.n_heads}) to divide "
+                                 f"dim ({self.dim}); give head_dim")
             self.head_dim = self.dim // self.n_heads
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"head_dim must be even with rotary positions (rotate-half pairs), got {self.head_dim}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         self.mixers = tuple(self.mixers)

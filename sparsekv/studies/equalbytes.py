@@ -18,6 +18,7 @@ import torch
 
 from ..analysis import peers, turns
 from ..core.traffic import cache_bytes
+from ..model.checkpoint import config_from_hf
 from ..model.engine import Engine
 from ..routing.router import Router
 from ..storage.summaries import summary_vectors
@@ -121,9 +122,8 @@ def _feed(engine: Engine, seq, probe: turns.TwoFacts, m: Lossless) -> torch.Tens
 
 def peer_rows(hf, probe: turns.TwoFacts, methods: list) -> list[dict]:
     """Each peer method on `probe` (one prefill each)."""
-    cfg = hf.config
-    geom = dict(layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
-                head_dim=cfg.hidden_size // cfg.num_attention_heads, itemsize=4)
+    cfg = config_from_hf(hf.config)                   # head_dim as the loader resolves it (ModelConfig, invariant 1)
+    geom = dict(layers=cfg.n_layers, kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, itemsize=4)
     rows = []
     for m in methods:
         run = peers.run(hf, probe, m)
