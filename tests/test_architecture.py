@@ -121,15 +121,18 @@ def test_the_window_rule_is_written_once():
 
 
 def test_no_layer_above_storage_asks_which_kind_of_store_it_holds():
-    """Outside storage/, no isinstance against a concrete store class and no hasattr probe on a store: the plan and
-    the fused step use the declared `storage.store.LayerGroups` (there were five isinstance(store, HybridStore) in
-    model/fused.py and hasattr probes in attention/plan.py and studies/hybrid.py)."""
+    """Outside storage/, no isinstance against a concrete store or prefix-cache class and no hasattr probe on a store
+    or a prefix cache: the plan and the fused step use the declared `storage.store.LayerGroups`, and every prefix cache
+    has `retain` (there were five isinstance(store, HybridStore) in model/fused.py, hasattr probes in
+    attention/plan.py and studies/hybrid.py, and hasattr(self.prefix_cache, "retain") in model/engine.py)."""
     import re
-    probe = re.compile(r"isinstance\([\w.]*store\w*,\s*\(?\s*(HybridStore|BlockStore)|hasattr\([\w.]*store\w*,")
+    probe = re.compile(r"isinstance\([\w.]*(store|cache)\w*,\s*\(?\s*(Hybrid\w*|BlockStore|PrefixCache)"
+                       r"|hasattr\([\w.]*(store|cache)\w*,")
     found = [f"{p.relative_to(PKG)}: {m.group(0)}" for p in PKG.rglob("*.py") if p.relative_to(PKG).parts[0] != "storage"
              for m in probe.finditer(p.read_text())]
     # the pattern finds such a probe where one is written
     assert probe.search("hybrid = isinstance(self.store, HybridStore)") and probe.search('hasattr(store, "stores")')
+    assert probe.search('hasattr(self.prefix_cache, "retain")') and probe.search("isinstance(cache, HybridPrefixCache)")
     # and the package has none
     assert not found, found
 

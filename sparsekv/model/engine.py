@@ -490,7 +490,7 @@ class Engine:
     def _release_window(self, seq: Sequence, st: _State) -> None:
         """Give a sliding window's blocks that no later query reaches back to their pool (`HybridStore.trim`), after
         registering them with a hybrid prefix cache, so that they stay cached until an allocation needs them."""
-        if self.prefix_cache is not None and hasattr(self.prefix_cache, "retain"):
+        if self.prefix_cache is not None:                   # a flat PrefixCache retains nothing (its retain is 0)
             self.prefix_cache.retain(seq, st.tokens, namespace=st.namespace)
         self.store.trim(seq)
 

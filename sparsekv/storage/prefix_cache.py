@@ -266,6 +266,12 @@ class PrefixCache:
             self._chains = {k: v for k, v in self._chains.items() if v[3].alive}
         return added
 
+    def retain(self, seq: Sequence, token_ids, namespace=None) -> int:
+        """Register the blocks a sliding window is about to release (`HybridPrefixCache.retain`): here none, as one
+        store of global layers releases nothing before `seq` is freed. The Engine calls it after every step of any
+        store, so that it never asks which prefix cache it holds. Returns 0, the blocks newly cached."""
+        return 0
+
     def pin(self, name: str, token_ids, namespace=None) -> int:
         """Hold the cached prefix of `token_ids` in use (never evicted) under `name`; returns its blocks."""
         if name in self._pins:
