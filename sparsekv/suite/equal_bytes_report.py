@@ -30,7 +30,7 @@ def style(line: str) -> dict:
         bs = line.split("/")[1].split(",")[0] if "/" in line else "16"
         out = dict(color=viz.ROUTER_COLORS[scorer], marker="o" if bs == "16" else "s",
                    linestyle="--" if "routed question" in line else "-")
-        if line.startswith(("int8 ", "int4 ")):
+        if line.startswith(("int8 ", "int4 ")):   # hollow markers: the same scorer over int codes
             out.update(markerfacecolor="white", linestyle=":" if line.startswith("int4") else "-.")
         return out
     name = line.split(",")[0]
@@ -44,7 +44,7 @@ def curves_figure(curves, model: str, length: int, task: str, path=None, title: 
     c = curves[(curves["model"] == model) & (curves["length"] == length) & (curves["task"] == task)]
     if c.empty:
         raise ValueError(f"curves has no rows for {model} at {length} tokens on {task!r}")
-    fig, axes = plt.subplots(1, 2, figsize=(12.5, 5.2), sharey=True, layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 5.2), sharey=True)
     docs = int(c["docs"].min())
     for ax, axis, label in ((axes[0], "read", "K/V bytes read per decode step / bf16 dense"),
                             (axes[1], "held", "bytes held per sequence / bf16 dense")):
@@ -61,12 +61,12 @@ def curves_figure(curves, model: str, length: int, task: str, path=None, title: 
     axes[0].set_ylabel("questions answered (teacher-forced, share)")
     axes[0].set_ylim(-0.03, 1.03)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right center", fontsize=8, title="method line")
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="method line")
     fig.suptitle(title or f"{model}, {length:,} tokens, {task}: accuracy against bytes "
                            f"(at least {docs} document{'s' * (docs != 1)} per point; 95% intervals over documents)",
                  fontsize=11)
     if path is not None:
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        viz.save(fig, path)
     return fig
 
 

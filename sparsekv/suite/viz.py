@@ -85,11 +85,13 @@ def router_color(name: str) -> str:
 
 def router_marker(name: str) -> str:
     """The marker of a router (or "scorer@budget" method) by its scorer's family, "o" for one without its own."""
-    from ..routing.hierarchy import resolve
-    from ..routing.scorers import SCORERS
+    from ..routing.scorers import make_scorer
     scorer = name.split("@")[0].split(" ")[0]
-    cls = SCORERS.get(resolve(scorer) or scorer)
-    return ROUTER_MARKERS.get(cls.family() if cls else scorer, "o")
+    try:
+        family = type(make_scorer(scorer)).family()
+    except ValueError:
+        family = scorer
+    return ROUTER_MARKERS.get(family, "o")
 
 
 def router_style(name: str) -> str:
