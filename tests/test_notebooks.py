@@ -156,10 +156,10 @@ def assert_matches_baseline(stem, run, tmp_path, note=""):
 
 
 # Timing-free smoke notebooks whose metrics pass through float rounding into discrete decisions (routing top-k,
-# int8 codes, greedy answers): the ones a baseline recorded on one CPU would fail on another. 14 stands for the real
-# model's paired study (SmolLM2's routers, a press and HQQ answering the same questions, as 09 did before 14-21
-# superseded it; 09's alt run took 75 s of CI, 14's about 20 s).
-SECOND_CONFIGURATION = ["02_block_size_topk_tradeoffs", "07_end_to_end_recall", "14_paired_questions"]
+# int8 codes, greedy answers): the ones a baseline recorded on one CPU would fail on another. 22 stands for the real
+# model against its peers (SmolLM2's routers, presses and HQQ on the same tokens), as 14 did until notebook 24
+# superseded 09, 14, 15, 17, 19, 20, 21 and 23 (moved to notebooks/archive/); 22's alt run takes about 20 s of CI.
+SECOND_CONFIGURATION = ["02_block_size_topk_tradeoffs", "07_end_to_end_recall", "22_tail_loss"]
 
 
 @pytest.mark.notebook
