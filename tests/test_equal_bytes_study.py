@@ -9,8 +9,9 @@ import torch
 import sparsekv as sk
 from sparsekv import methods as mt
 from sparsekv.analysis import clustered
-from sparsekv.studies.equal_bytes import analysis as an, design as dz, run as rn
-
+from sparsekv.studies.equal_bytes import analysis as an
+from sparsekv.studies.equal_bytes import design as dz
+from sparsekv.studies.equal_bytes import run as rn
 
 # -- methods --------------------------------------------------------------------------------------
 

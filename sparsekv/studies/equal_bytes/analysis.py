@@ -14,11 +14,15 @@ contrasts are listed as owed, never tested.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...analysis import clustered
 from . import design as dz
+
+if TYPE_CHECKING:                      # pandas is imported where it is used (the `sweep` extra)
+    import pandas as pd
 
 MIN_DOCS = 30
 KEYS = ["model", "length", "task"]

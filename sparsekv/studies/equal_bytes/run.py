@@ -137,6 +137,7 @@ def load(model: str, length: int, methods: list[Method], root: str | Path = ".."
     """Load `model` (a key of `model.fetch.MODELS`) with one sparsekv engine per store the methods use, each keeping
     the summaries of the scorers routed over it and room for `length` tokens plus a question and its answer."""
     import sparsekv as sk
+
     from ...model import fetch
     from ...model.checkpoint import converted_folder
     path = fetch.model_path(fetch.MODELS[model], root)
