@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.sparsekv-installed
 KERNEL     := $(VENV)/share/jupyter/kernels/sparsekv/kernel.json
 
-.PHONY: setup model notebooks test smoke lab lint clean bench-peers
+.PHONY: setup model notebooks test smoke lab lint clean bench-peers book
 
 setup: $(STAMP) $(KERNEL)
 
@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
-	$(PY) -m pip install --quiet -e ".[notebooks,dev,hf,kernels,peers,sweep]"
+	$(PY) -m pip install --quiet -e ".[notebooks,dev,hf,kernels,peers,sweep,book]"
 	touch $(STAMP)
 
 # Registered inside the venv (--sys-prefix), so nothing is written to the user's home.
@@ -69,5 +69,11 @@ lint: setup
 lab: setup model
 	$(PY) -m jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 
+# The book (suite.book): README, docs/ and every notebook with its outputs, as a static site in build/book/ (open
+# build/book/index.html). Each notebook page shows the last full run's executed copy, else a smoke run's (labelled),
+# else the committed notebook (labelled not executed); nothing is run here. The site is not committed (docs/setup.md).
+book: setup
+	$(PY) -m sparsekv book
+
 clean:
-	rm -rf build/notebooks .pytest_cache
+	rm -rf build/notebooks build/book build/book_src .pytest_cache

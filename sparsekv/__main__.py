@@ -6,6 +6,7 @@
     findings [--check]                     re-render docs/findings.md from the metrics (suite.findings)
     calibrate [--model M]                  calibrate the `labels` router's channels (analysis.calibrate)
     sweep NOTEBOOK --grid G.yaml           a parameter grid over a notebook, on Ray (suite.sweep)
+    book [--out DIR]                       the static site of the docs and executed notebooks (suite.book)
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import sys
 
 COMMANDS = {"notebooks": "sparsekv.suite.runner", "train": "sparsekv.recall.train",
             "fetch": "sparsekv.model.fetch", "findings": "sparsekv.suite.findings",
-            "calibrate": "sparsekv.analysis.calibrate", "sweep": "sparsekv.suite.sweep"}
+            "calibrate": "sparsekv.analysis.calibrate", "sweep": "sparsekv.suite.sweep",
+            "book": "sparsekv.suite.book"}
 
 
 def main(argv: list[str] | None = None) -> int:
