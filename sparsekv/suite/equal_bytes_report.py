@@ -38,32 +38,53 @@ def style(line: str) -> dict:
                 linestyle=":" if "question-aware" in line else "-")
 
 
+ROUTER_FOCUS = ("halves/16", "mean/8")    # the two best-supported routers, drawn again beside the peers
+
+
+def _panel_lines(lines, row: str) -> list[str]:
+    """The method lines one row of panels draws: "routers" (every router over exact blocks, both question rules, and
+    the oracle) or "peers" (the focus routers, the same over int8/int4 blocks, the presses and HQQ); dense markers in
+    both."""
+    dense = [x for x in lines if x.endswith("dense")]
+    if row == "routers":
+        return dense + [x for x in lines if "/" in x and not x.startswith(("int8 ", "int4 "))]
+    return dense + [x for x in lines if x in ROUTER_FOCUS or (x.startswith(("int8 ", "int4 ")) and "/" in x)
+                    or "/" not in x and not x.endswith("dense")]
+
+
 def curves_figure(curves, model: str, length: int, task: str, path=None, title: str | None = None):
     """Accuracy against bytes read (left) and held (right), both as shares of a bf16 dense cache on a log axis; one
-    line per method line in knob order, with 95% intervals over documents. Returns the figure."""
+    line per method line in knob order, with 95% intervals over documents. Top row: the routers over exact blocks
+    (dashed: the question routed too) and the oracle (charged for the blocks it selects only). Bottom row: halves and
+    mean/8 beside the same over int8/int4 blocks, the presses and HQQ. Returns the figure."""
     c = curves[(curves["model"] == model) & (curves["length"] == length) & (curves["task"] == task)]
     if c.empty:
         raise ValueError(f"curves has no rows for {model} at {length} tokens on {task!r}")
-    fig, axes = plt.subplots(1, 2, figsize=(12.5, 5.2), sharey=True)
+    fig, axes = plt.subplots(2, 2, figsize=(12.5, 9.5), sharey=True)
     docs = int(c["docs"].min())
-    for ax, axis, label in ((axes[0], "read", "K/V bytes read per decode step / bf16 dense"),
-                            (axes[1], "held", "bytes held per sequence / bf16 dense")):
-        for line, g in c.groupby("line", sort=True):
-            g = g.sort_values("knob", na_position="first")
-            st = style(line)
-            lo = (g["accuracy"] - g["lo"]).clip(lower=0).fillna(0)
-            hi = (g["hi"] - g["accuracy"]).clip(lower=0).fillna(0)
-            ax.errorbar(g[axis], g["accuracy"], yerr=[lo, hi], capsize=2, label=line, **st)
-        ax.set_xscale("log")
-        viz.log_axis_plain(ax, "x")
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("questions answered (teacher-forced, share)")
-    axes[0].set_ylim(-0.03, 1.03)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="method line")
-    fig.suptitle(title or f"{model}, {length:,} tokens, {task}: accuracy against bytes "
-                           f"(at least {docs} document{'s' * (docs != 1)} per point; 95% intervals over documents)",
+    lines = sorted(c["line"].unique())
+    for r, (row, what) in enumerate((("routers", "routers over exact blocks"),
+                                     ("peers", "halves and mean/8 against int blocks, presses and HQQ"))):
+        for col, (axis, label) in enumerate((("read", "K/V bytes read per decode step / bf16 dense"),
+                                             ("held", "bytes held per sequence / bf16 dense"))):
+            ax = axes[r, col]
+            for line in _panel_lines(lines, row):
+                g = c[c["line"] == line].sort_values("knob", na_position="first")
+                lo = (g["accuracy"] - g["lo"]).clip(lower=0).fillna(0)
+                hi = (g["hi"] - g["accuracy"]).clip(lower=0).fillna(0)
+                ax.errorbar(g[axis], g["accuracy"], yerr=[lo, hi], capsize=2, label=line, **style(line))
+            ax.set_xscale("log")
+            viz.log_axis_plain(ax, "x")
+            ax.set_xlabel(label)
+            ax.set_title(what, fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.set_ylim(-0.03, 1.03)
+        axes[r, 0].set_ylabel("questions answered (share)")
+        handles, labels = axes[r, 0].get_legend_handles_labels()
+        axes[r, 1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
+                          title="method line")
+    fig.suptitle(title or f"{model}, {length:,} tokens, {task}: accuracy against bytes read and held\n"
+                           f"({docs} document{'s' * (docs != 1)} or more per point; 95% intervals over documents)",
                  fontsize=11)
     if path is not None:
         viz.save(fig, path)
