@@ -1,0 +1,76 @@
+"""Repeated timings, and what may be said from them: a median with an interval, a paired ratio, a verdict.
+
+The benchmarks against peers (`bench_vs_llamacpp`, `bench_gemma_speed`) time each engine `n` times, interleaved
+(repeat r of every engine, then repeat r + 1), after an untimed warm-up. From those `n` values:
+
+    median      the median of the n values;
+    interval    their min and max. For n independent repeats the population median lies between the smallest and the
+                largest value with probability 1 - 2 * 0.5**n (75% for 3 repeats, 87.5% for 4, 94% for 5): the
+                order-statistic interval for a median, distribution-free. `coverage` carries that number, so a
+                reader sees how much the interval promises;
+    ratio       paired: repeat r of one engine over repeat r of the other (the same round, so drift on a shared
+                machine hits both), then the median and min-max of the n per-round ratios;
+    verdict     "faster" only when the ratio's whole interval lies below 1 - margin, "slower" only when it lies
+                above 1 + margin, else "tie": a difference inside the repeats' own spread, or inside the margin
+                (`NOISE_MARGIN`, 5%: what a shared 2-core machine drifts by between runs), is not called.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+NOISE_MARGIN = 0.05       # a ratio must clear 1 by this much, at its interval's nearer end, to be called a win or a loss
+INTERVAL = "min-max of the repeats (order-statistic interval for the median, coverage 1 - 2 * 0.5**n)"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median of n repeats and their min-max interval.
+
+    Invariants: 1. lo <= median <= hi; 2. n >= 1; 3. coverage = 1 - 2 * 0.5**n (0 for a single value)."""
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def coverage(self) -> float:
+        return 1 - 2 * 0.5 ** self.n if self.n > 1 else 0.0
+
+    def scaled(self, k: float) -> "Spread":
+        """The same spread in other units (k > 0: seconds to ms, or time over a floor)."""
+        return Spread(self.median * k, self.lo * k, self.hi * k, self.n)
+
+    def as_dict(self) -> dict:
+        return {"median": self.median, "lo": self.lo, "hi": self.hi, "n": self.n, "coverage": self.coverage}
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """The median and min-max of `values` (one per repeat)."""
+    if not values:
+        raise ValueError("no repeats to summarise")
+    return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+def paired_ratio(num: Sequence[float], den: Sequence[float]) -> Spread:
+    """num[r] / den[r] for each round r (both measured in round r), summarised: below 1, `num` is faster."""
+    if len(num) != len(den):
+        raise ValueError(f"paired repeats differ in count: {len(num)} and {len(den)}")
+    return spread([a / b for a, b in zip(num, den)])
+
+
+def verdict(ratio: Spread, margin: float = NOISE_MARGIN) -> str:
+    """"faster" (the whole interval below 1 - margin), "slower" (above 1 + margin), or "tie"."""
+    if ratio.hi < 1 - margin:
+        return "faster"
+    if ratio.lo > 1 + margin:
+        return "slower"
+    return "tie"
+
+
+def fastest(spreads: dict[str, Spread]) -> str:
+    """The key with the lowest median (ties broken by the lower interval top, then by name, so the pick is stable)."""
+    if not spreads:
+        raise ValueError("nothing to choose from")
+    return min(spreads, key=lambda k: (spreads[k].median, spreads[k].hi, k))

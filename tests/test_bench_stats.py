@@ -1,0 +1,106 @@
+"""The peer benchmarks' helpers: statistics of repeats (`benchmarks.repeats`), floors (`benchmarks.floors`), llama.cpp's
+configurations (`benchmarks.llama_peer`) and the verdict line (`bench_vs_llamacpp.verdict`). Exact where the logic is.
+"""
+import pytest
+
+from benchmarks import floors, repeats
+from benchmarks.llama_peer import CONFIGS, DEFAULT_CONFIGS, LlamaConfig
+from sparsekv.model.model import ModelConfig
+
+
+def test_a_spread_is_the_median_and_the_min_max_with_its_coverage():
+    s = repeats.spread([3.0, 1.0, 2.0])
+    assert (s.median, s.lo, s.hi, s.n) == (2.0, 1.0, 3.0, 3)          # invariant 1: lo <= median <= hi
+    assert s.coverage == 0.75                                          # invariant 3: 1 - 2 * 0.5**3
+    assert repeats.spread([5.0]).coverage == 0.0                       # one value promises nothing
+    assert repeats.spread([1.0, 2.0, 3.0, 4.0]).median == 2.5
+    assert s.scaled(1e3).as_dict() == {"median": 2000.0, "lo": 1000.0, "hi": 3000.0, "n": 3, "coverage": 0.75}
+    with pytest.raises(ValueError):
+        repeats.spread([])
+
+
+def test_ratios_pair_round_with_round():
+    # Drift: round 2 is slow for both engines. Paired, the ratio is 0.5 every round; unpaired medians would say 1.0.
+    a, b = [1.0, 1.0, 4.0], [2.0, 2.0, 8.0]
+    r = repeats.paired_ratio(a, b)
+    assert (r.median, r.lo, r.hi) == (0.5, 0.5, 0.5)
+    with pytest.raises(ValueError):
+        repeats.paired_ratio([1.0], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([0.80, 0.85, 0.94], "faster"),       # the whole interval below 1 - 5%
+    ([0.80, 0.85, 0.96], "tie"),          # its top is inside the margin
+    ([0.80, 0.90, 1.10], "tie"),          # it straddles 1
+    ([1.06, 1.20, 1.30], "slower"),       # the whole interval above 1 + 5%
+    ([1.04, 1.20, 1.30], "tie"),          # its bottom is inside the margin
+])
+def test_a_verdict_needs_the_whole_interval_past_the_margin(values, expected):
+    assert repeats.verdict(repeats.spread(values)) == expected
+
+
+def test_the_fastest_is_the_lowest_median_and_ties_are_broken_stably():
+    s = {"b": repeats.Spread(1.0, 0.9, 1.2, 3), "a": repeats.Spread(1.0, 0.9, 1.1, 3), "c": repeats.Spread(2.0, 1, 3, 3)}
+    assert repeats.fastest(s) == "a"                                   # equal medians: the lower interval top
+    assert repeats.fastest({"x": s["b"], "y": repeats.Spread(1.0, 0.9, 1.2, 3)}) == "x"   # then the name
+
+
+def _cfg(**kw):
+    return ModelConfig(vocab_size=100, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, intermediate_size=128,
+                       **kw)
+
+
+def test_decode_kv_bytes_count_each_layer_over_its_window_at_the_types_width():
+    g = _cfg()
+    assert floors.decode_kv_bytes(g, 100, "f16") == 4 * 100 * 2 * 2 * 16 * 2       # layers x tokens x K,V x heads x D x 2 B
+    assert floors.decode_kv_bytes(g, 100, "q8_0") == 4 * 100 * 2 * 2 * 16 * 34 / 32
+    s = _cfg(windows=(8, 8, 8, 0))                                                   # three sliding layers of 8
+    assert floors.decode_kv_bytes(s, 100, "bf16") == (3 * 8 + 100) * 2 * 2 * 16 * 2
+    assert floors.decode_kv_bytes(s, 5, "bf16") == 4 * 5 * 2 * 2 * 16 * 2           # shorter than the window
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 50])
+def test_prefill_flops_count_attention_pairs_as_a_triangle_then_a_band(n):
+    from sparsekv.serving.gpu import param_count
+    s = _cfg(windows=(8, 0, 8, 0))
+    pairs = sum(sum(min(i + 1, w) if w else i + 1 for i in range(n)) for w in (8, 0, 8, 0))   # brute force
+    dense = 2 * (param_count(s) - s.vocab_size * s.dim) * n + 2 * s.vocab_size * s.dim
+    assert floors.prefill_flops(s, n) == dense + 4 * s.n_heads * s.head_dim * pairs
+
+
+def test_floors_divide_by_the_measured_rates():
+    rates = floors.MachineRates(read_Bps=1e9, f32_flops=1e11, bf16_flops=4e11)
+    assert rates.flops == 4e11                                         # the faster rate: the lower floor
+    assert floors.decode_floor_s(3e8, 1e8, rates) == pytest.approx(0.4)
+    g = _cfg()
+    assert floors.prefill_floor_s(g, 10, rates) == pytest.approx(floors.prefill_flops(g, 10) / 4e11)
+
+
+def test_llama_configs_keep_their_invariants():
+    with pytest.raises(ValueError):
+        LlamaConfig(False, "q8_0")                 # invariant 1: a quantised V needs flash attention
+    with pytest.raises(ValueError):
+        LlamaConfig(True, "q5_1")                  # not a type this benchmark knows
+    assert [c.exact for c in map(CONFIGS.get, ("fa0-f16", "fa1-bf16", "fa1-q8_0", "fa1-q4_0"))] == \
+        [True, True, False, False]                 # invariant 2
+    assert all(CONFIGS[c].name == c for c in CONFIGS)
+    assert any(CONFIGS[c].exact for c in DEFAULT_CONFIGS) and not all(CONFIGS[c].exact for c in DEFAULT_CONFIGS)
+
+
+def _ratio(values):
+    s = repeats.spread(values)
+    return {**s.as_dict(), "verdict": repeats.verdict(s)}
+
+
+def test_the_verdict_line_calls_each_length_with_its_interval():
+    from benchmarks.bench_vs_llamacpp import verdict
+    case = {"model": "m", "length": 2048, "ratios": {"dense_vs_llamacpp": _ratio([0.8, 0.85, 0.9]),
+                                                     "prefill_vs_llamacpp": _ratio([0.9, 1.0, 1.1]),
+                                                     "routed_vs_llamacpp_fa1-q8_0": _ratio([1.1, 1.2, 1.3])}}
+    assert verdict({"schema": 2, "cases": [case]}) == (
+        "m: at 2,048: dense decode faster (0.85x, 0.80-0.90), prefill tie (1.00x, 0.90-1.10), "
+        "routed vs fa1-q8_0 slower (1.20x, 1.10-1.30)")
+    old = {"cases": [{"model": "m", "length": 2048, "routed_vs_llamacpp": 0.9, "dense_vs_llamacpp": 1.1,
+                      "prefill_vs_llamacpp": 0.5}]}                  # results without intervals: the first rendering
+    assert verdict(old) == "m: routed decode from 2,048 tokens, dense decode at no length measured; " \
+                           "prefill faster at every length"
