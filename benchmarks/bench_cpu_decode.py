@@ -14,7 +14,12 @@ One run measures, on this machine:
                             `flex_routed` (the same router, then a BlockMask built from that
                             selection with BlockMask.from_kv_blocks, then Flex); `routed_speedup_vs_flex`
                             sets sparsekv's routed step against Flex's attention alone;
-      dense                 sparsekv `dense` (in place) against torch SDPA (enable_gqa).
+      dense                 sparsekv `dense` (in place) against torch SDPA, twice: `sdpa` with 32 query heads over
+                            8 kv heads (enable_gqa=True), and `sdpa_grouped` in the GQA-free layout [1, H_kv, G, D]
+                            (a kv head's G query heads as G query rows: the same maths, equal head counts). The
+                            kernel each dispatches to is recorded (`sdpa_kernel`); on torch 2.13's CPU both take
+                            the flash kernel (`_scaled_dot_product_flash_attention_for_cpu`), which handles GQA in
+                            place, but split the work differently (32 heads x 1 row, or 8 heads x 4 rows).
     sparsekv runs as the Engine runs it: a decode plan (`attention.plan`) checked once, then per layer
     the router (`Router.select_planned`: the fused C++ route pass) and the fused attention kernel.
     `sparse_unfused` is the same step with scoring, softmax and top-k in torch (the route before
@@ -127,6 +132,15 @@ def build_case(n: int, dtype: torch.dtype, H: int, D: int, bs: int, seed: int, s
     return store, seq
 
 
+def sdpa_kernel(fn) -> str:
+    """The ATen kernel SDPA dispatched to for `fn()` (its private `_scaled_dot_product_*` op, as the profiler names
+    it): the flash CPU kernel, or the math path (explicit matmuls and softmax) that SDPA falls back to."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = [e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")]
+    return ops[0][len("aten::"):] if ops else "unknown"
+
+
 def route_gap(fused, ref) -> float | None:
     """None if two selections hold the same blocks; else the largest relative shortfall, over kv heads, of the
     mass `fused` covers against what `ref` covers, both under ref's block distribution (0 for an exact tie)."""
@@ -166,11 +180,15 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
     q4s = [qi.view(1, H * G, 1, D) for qi in qs]
     q4 = q4s[0]
     sdpa_at = lambda i: torch.nn.functional.scaled_dot_product_attention(q4s[i], k4, v4, enable_gqa=True)
+    # The GQA-free layout: a kv head's G query heads as G query rows, [1, H, G, D] against [1, H, N, D]. The same
+    # maths with equal head counts: no enable_gqa, one (head, query block) work item per kv head, K/V read once each.
+    qgs = [qi.view(1, H, G, D) for qi in qs]
+    sdpa_grouped_at = lambda i: torch.nn.functional.scaled_dot_product_attention(qgs[i], k4, v4)
     # Each timed variant is f(i) over query i: its cold form turns through the R queries (`rotating`), its
     # warm form repeats query 0.
     at = {"sparse": lambda i: plan.sparse(0, qs[i], plan.route(router, 0, qs[i]).blocks)[0],
           "sparse_attn": lambda i: plan.sparse(0, qs[i], sels[i])[0],
-          "dense": lambda i: plan.dense(0, qs[i]), "sdpa": sdpa_at,
+          "dense": lambda i: plan.dense(0, qs[i]), "sdpa": sdpa_at, "sdpa_grouped": sdpa_grouped_at,
           "sparse_unfused": lambda i: plan.sparse(0, qs[i], plan.route(unfused, 0, qs[i]).blocks)[0]}
     backend = resolve("auto", q)
     res["backend"] = backend
@@ -191,7 +209,9 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
     # Correctness in the same run: dense == SDPA, sparse == Flex over the same selection.
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     dense_out = sk.dense_attention(q, store, seq, 0).float()
-    res["dense_vs_sdpa_maxerr"] = float((dense_out - sdpa_at(0)[0, :, 0].float()).abs().max())
+    res["dense_vs_sdpa_maxerr"] = max(float((dense_out - sdpa_at(0)[0, :, 0].float()).abs().max()),
+                                      float((dense_out - sdpa_grouped_at(0)[0].reshape(H * G, D).float()).abs().max()))
+    res["sdpa_kernel"], res["sdpa_grouped_kernel"] = sdpa_kernel(lambda: sdpa_at(0)), sdpa_kernel(lambda: sdpa_grouped_at(0))
     if flex_fn is not None:
         from torch.nn.attention.flex_attention import BlockMask, create_block_mask
         nb = seq.num_blocks
@@ -267,7 +287,7 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
     res["sparse_bytes"], res["attn_bytes"], res["dense_bytes"] = routed_bytes, attn_bytes, dense.total
     routed = (routed_bytes, rows_read + route_rows)
     work = {"sparse": routed, "sparse_attn": (attn_bytes, rows_read), "flex": (attn_bytes, rows_read),
-            "flex_routed": routed, "dense": (dense.total, n), "sdpa": (dense.total, n),
+            "flex_routed": routed, "dense": (dense.total, n), "sdpa": (dense.total, n), "sdpa_grouped": (dense.total, n),
             "sparse_torch": routed, "sparse_attn_torch": (attn_bytes, rows_read), "sparse_unfused": routed,
             "dense_torch": (dense.total, n),
             "sparse_b16sum": (attn_bytes + res.get("sparse_b16sum_route_bytes", 0), rows_read + route_rows)}
@@ -281,6 +301,7 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
                 res[f"{v}_warm_over_floor"] = res[f"{v}_warm_s"] / res[f"{v}_floor_s"]
     res["sparse_speedup_vs_sdpa"] = res["sdpa_s"] / res["sparse_s"]
     res["dense_speedup_vs_sdpa"] = res["sdpa_s"] / res["dense_s"]
+    res["dense_speedup_vs_sdpa_grouped"] = res["sdpa_grouped_s"] / res["dense_s"]   # SDPA at its best layout
     for v in ("sparse", "sparse_attn", "dense"):
         if f"{v}_torch_s" in res:
             res[f"{v}_speedup_vs_torch_path"] = res[f"{v}_torch_s"] / res[f"{v}_s"]
@@ -296,11 +317,12 @@ def run_case(n, dtype, args, bw, rate, flex_fn):
 
 def print_table(rows):
     cols = [("context", "{:>8}"), ("dtype", "{:>9}"), ("sparse_over_floor", "{:>8.2f}"), ("sparse_attn_over_floor", "{:>8.2f}"),
-            ("dense_over_floor", "{:>8.2f}"), ("sdpa_over_floor", "{:>8.2f}"), ("flex_over_floor", "{:>8.2f}"),
+            ("dense_over_floor", "{:>8.2f}"), ("sdpa_over_floor", "{:>8.2f}"), ("sdpa_grouped_over_floor", "{:>8.2f}"),
+            ("flex_over_floor", "{:>8.2f}"),
             ("attn_speedup_vs_flex", "{:>9.2f}"), ("routed_speedup_vs_flex_routed", "{:>9.2f}"),
             ("routed_speedup_vs_flex", "{:>9.2f}"), ("dense_speedup_vs_sdpa", "{:>9.2f}"),
             ("fused_route_speedup", "{:>9.2f}"), ("correct", "{:>7}")]
-    heads = ["context", "dtype", "routed/fl", "attn/fl", "dense/fl", "sdpa/fl", "flex/fl", "attn/flex", "rt/flex-rt",
+    heads = ["context", "dtype", "routed/fl", "attn/fl", "dense/fl", "sdpa/fl", "sdpa-g/fl", "flex/fl", "attn/flex", "rt/flex-rt",
              "rt/flex", "dn vs sdpa", "fused rt", "ok"]
     print("  ".join(f"{h:>9}" for h in heads))
     for r in rows:
@@ -321,7 +343,8 @@ def plot(results, path: Path):
         x = [r["context"] for r in rs]
         for v, style, color in (("sparse", "o-", viz.COLORS[0]), ("sparse_attn", "o--", viz.COLORS[4]),
                                 ("flex", "s--", viz.COLORS[2]), ("flex_routed", "s-.", viz.COLORS[3]),
-                                ("dense", "D-", viz.COLORS[5]), ("sdpa", "^--", viz.COLORS[1])):
+                                ("dense", "D-", viz.COLORS[5]), ("sdpa", "^--", viz.COLORS[1]),
+                                ("sdpa_grouped", "v:", viz.COLORS[1])):
             if all(f"{v}_s" in r for r in rs):
                 ax.plot(x, [r[f"{v}_s"] * 1e3 for r in rs], style, color=color, label=v)
                 ax.plot(x, [r[f"{v}_floor_s"] * 1e3 for r in rs], color=color, alpha=0.5, lw=1, ls=(0, (1, 3)))
@@ -374,7 +397,8 @@ def main(argv=None):
             rows.append(r)
             print(f"  {dt} {n}: routed {r['sparse_over_floor']:.2f}x floor ({r['sparse_bound']}), attention alone "
                   f"{r['sparse_attn_over_floor']:.2f}x, dense {r['dense_over_floor']:.2f}x ({r['dense_bound']}), "
-                  f"sdpa {r['sdpa_over_floor']:.2f}x", flush=True)
+                  f"sdpa {r['sdpa_over_floor']:.2f}x ({r['sdpa_kernel']}), grouped {r['sdpa_grouped_over_floor']:.2f}x "
+                  f"({r['sdpa_grouped_kernel']})", flush=True)
     results = {
         "benchmark": "cpu_decode", "date": date.today().isoformat(), "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__, "threads": torch.get_num_threads(),

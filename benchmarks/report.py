@@ -16,6 +16,7 @@ PAGE = RESULTS.parents[1] / "docs" / "benchmarks.md"      # the page that holds 
 def cpu_decode_table(path: Path = RESULTS / "cpu_decode.json") -> str:
     d = json.loads(path.read_text())
     cold = "rotate" in d
+    grouped = all("sdpa_grouped_s" in r for r in d["cases"])     # SDPA also in the GQA-free layout (later runs)
     lines = [f"CPU decode, {d['threads']} threads, torch {d['torch']}, {d['date']} "
              f"(read bandwidth {d['read_bandwidth_Bps'] / 1e9:.0f} GB/s, compute {d['matmul_flops'] / 1e9:.0f} GFLOP/s"
              + (f" from a square matmul, against {d['decode_matmul_flops'] / 1e9:.0f} for MKL at decode's shape"
@@ -28,19 +29,26 @@ def cpu_decode_table(path: Path = RESULTS / "cpu_decode.json") -> str:
                 "so a call does not find its tiles in cache from the call before, as in a decode step (the "
                 f"{d['llc_bytes'] / 2**20:.0f} MiB last-level cache holds a whole 128k-token selection, not the "
                 "0.5-1 GiB pool). `warm`: one query repeated, its selection left in cache" if cold else "")
+             + (". SDPA runs twice: 32 query heads over 8 kv heads with `enable_gqa` (kernel `"
+                f"{d['cases'][0].get('sdpa_kernel', '?')}`), and in the GQA-free layout [1, H_kv, G, D] (kernel "
+                f"`{d['cases'][0].get('sdpa_grouped_kernel', '?')}`), the same maths with equal head counts" if grouped else "")
              + ". The last columns are speed-ups over the paths the fused kernels replaced, measured in the same run:",
              "",
-             "| context | dtype | routed / floor | attention alone / floor | dense / floor | SDPA / floor | Flex / floor "
+             "| context | dtype | routed / floor | attention alone / floor | dense / floor | SDPA / floor "
+             + ("| SDPA [H_kv, G, D] / floor " if grouped else "") + "| Flex / floor "
              "| attention vs Flex | routed vs Flex routed | routed vs Flex attention alone | dense vs SDPA "
+             + ("| dense vs SDPA [H_kv, G, D] " if grouped else "") +
              "| attention vs Flex, warm | routing: fused vs torch | attention: fused vs torch | dense: fused vs torch |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| ---: | --- " + "| ---: " * (13 + 2 * grouped) + "|"]
     nan = float("nan")
     for r in d["cases"]:
         fl = lambda v: f"{r.get(f'{v}_over_floor', nan):.2f} ({r.get(f'{v}_bound', '?')})"
         x = lambda k: f"{r.get(k, nan):.2f}x"
         lines.append(f"| {r['context']} | {r['dtype']} | {fl('sparse')} | {fl('sparse_attn')} | {fl('dense')} | "
-                     f"{fl('sdpa')} | {fl('flex')} | {x('attn_speedup_vs_flex')} | {x('routed_speedup_vs_flex_routed')} | "
-                     f"{x('routed_speedup_vs_flex')} | {x('dense_speedup_vs_sdpa')} | {x('attn_speedup_vs_flex_warm')} | "
+                     f"{fl('sdpa')} | " + (f"{fl('sdpa_grouped')} | " if grouped else "") +
+                     f"{fl('flex')} | {x('attn_speedup_vs_flex')} | {x('routed_speedup_vs_flex_routed')} | "
+                     f"{x('routed_speedup_vs_flex')} | {x('dense_speedup_vs_sdpa')} | "
+                     + (f"{x('dense_speedup_vs_sdpa_grouped')} | " if grouped else "") + f"{x('attn_speedup_vs_flex_warm')} | "
                      f"{x('fused_route_speedup')} | {x('sparse_attn_speedup_vs_torch_path')} | "
                      f"{x('dense_speedup_vs_torch_path')} |")
     b16 = [r for r in d["cases"] if "bf16_summary_overlap" in r]

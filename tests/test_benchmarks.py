@@ -20,7 +20,8 @@ def test_the_cpu_benchmark_runs_and_checks_itself(tmp_path):
     for case in d["cases"]:
         assert case["correct"] and case["fused_route_mass_gap"] < 1e-5 and case["rotation_reuse"]   # 3 queries < calls
         timed = [k[:-2] for k in case if k.endswith("_s") and f"{k[:-2]}_floor_s" in case]
-        assert {"sparse", "sparse_attn", "dense", "sdpa", "sparse_unfused"} <= set(timed)
+        assert {"sparse", "sparse_attn", "dense", "sdpa", "sdpa_grouped", "sparse_unfused"} <= set(timed)
+        assert case["sdpa_kernel"].startswith("_scaled_dot_product") and case["sdpa_grouped_kernel"].startswith("_scaled")
         for v in timed:
             assert case[f"{v}_over_floor"] > 0 and case[f"{v}_bound"] in ("bytes", "compute")
 
