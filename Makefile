@@ -51,8 +51,11 @@ test: setup model
 # The peer of benchmarks/bench_vs_llamacpp.py, never part of `make test`: llama-cpp-python built from its PyPI source
 # (about 4 minutes on 2 cores; CMake and a C++ compiler needed), at the version the committed results measured.
 # Built without AMX (LLAMA_CFLAGS): ggml's AMX matmul crashed here on a Xeon that has it (SIGSEGV in
-# ggml_backend_amx_mul_mat at the first eval, 2026-12-02), and the flags change nothing on a CPU without AMX; set
-# LLAMA_CFLAGS= to keep AMX where it works. --force-reinstall rebuilds an installed copy with these flags.
+# ggml_backend_amx_mul_mat at the first eval, 2026-12-02; rebuilt with AMX on 2026-12-05: SIGILL at its first
+# `ldtilecfg`, with the kernel granting the tile state (arch_prctl ARCH_REQ_XCOMP_PERM succeeds), so this VM lists
+# AMX in cpuinfo but faults on its instructions), and the flags change nothing on a CPU without AMX; set
+# LLAMA_CFLAGS= to keep AMX where it works. The JSON records the build (`llama_cpp_amx`), and the report labels rows
+# measured without it. --force-reinstall rebuilds an installed copy with these flags.
 LLAMA_CPP_SPEC ?= llama-cpp-python==0.3.36
 LLAMA_CFLAGS ?= -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 bench-peers: setup

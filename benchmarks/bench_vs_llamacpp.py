@@ -1,25 +1,38 @@
 """sparsekv against llama.cpp on the same GGUF file and the same token ids, in one process, interleaved.
 
     make bench-peers                                  # builds llama-cpp-python==0.3.36 from source (~4 min)
-    python -m benchmarks.bench_vs_llamacpp            # SmolLM2 at 2k and 8k; Gemma 3 270M at 2k, 8k, 16k, 32k
-    python -m benchmarks.bench_vs_llamacpp --models smollm2 --lengths 2048 --steps 8 --repeats 2   # a short run
+    python -m benchmarks.bench_vs_llamacpp            # SmolLM2 (Q4_1 and Q8_0) at 2k and 8k; Gemma 3 270M at 2k-32k
+    python -m benchmarks.bench_vs_llamacpp --models smollm2-q8_0 --lengths 512 --steps 4 --repeats 3 \
+        --skip-agreement --skip-profile --run-kind "short verification run" --out /tmp/vs.json      # a short run
 
-For each (model, length), one process holds both engines on the same prompt: BOS and n - 1 tokens of the suite's
-real prose, tokenized once by sparsekv (`load_tokenizer`) and fed to llama.cpp as ids.
-  prefill  wall time of the prompt's forward (llama.cpp: `eval` in n_batch 512; sparsekv: `Engine.prefill`, chunks
-           of 512), each once;
-  TPOT     `--repeats` rounds, each `--steps` greedy steps of llama.cpp, then of sparsekv dense, then of sparsekv
-           routed (`minmax`, a 128-token budget), each on its own continuation of the prompt (sparsekv forks the
-           prefilled sequence; nothing is shared between the two routed and dense runs but the prompt's blocks);
-           the first round is discarded as warm-up and the median of the rest reported. Both sides pick the
-           argmax of the logits in Python and feed it back: the same work per step.
-  floor    a step's bytes (its weights as held, and the K/V and summaries its attention reads) over the machine's
-           read bandwidth, measured in the same run (`bench_cpu_decode.read_bandwidth`). llama.cpp's: the file's
-           weight bytes, and 16-bit K/V over the same tokens as sparsekv's dense step.
+Every peer at its best, its settings recorded. llama.cpp runs in each configuration of `--llama-configs`
+(`llama_peer.CONFIGS`: flash attention off and on, K/V f16 and bf16, and q8_0 as a lossy peer of its own), one
+context each, with n_batch = n_ubatch = 512 and a sliding-window cache of the window only; each configuration's
+settings go into the JSON beside its numbers. SmolLM2 runs as shipped (Q4_1, which llama.cpp's fast CPU matmuls do
+not cover) and requantised to Q8_0 (which they do), made reproducibly from the shipped file (sha256 recorded).
+
+For each (model, length), one process holds every engine on the same prompt: BOS and n - 1 tokens of the suite's
+real prose, tokenized once by sparsekv (`load_tokenizer`) and fed to llama.cpp as ids (`speed_case`):
+  warm-up  untimed: every engine evaluates the whole prompt once, then `--quality-tokens` tokens of its continuation
+           teacher-forced, which give, in this run, routed's quality against dense (sparsekv's) and each lossy
+           llama.cpp configuration's against its exact reference: top-1 agreement and KL (mean, p99);
+  prefill  `--repeats` (3) interleaved rounds, each evaluating the prompt in every engine (llama.cpp: `eval` after a
+           reset, n_batch 512; sparsekv: `Engine.prefill`, chunks of 512; and its float32 and SDPA variants);
+  TPOT     one untimed round, then `--repeats` rounds, each `--steps` greedy steps of every llama.cpp configuration,
+           sparsekv dense and routed (`minmax`, a 128-token budget), on their own continuations of the prompt; a
+           round's value is its steps' median. Both sides pick the argmax of the logits in Python and feed it back.
+Every engine's number is the median over the rounds, with the rounds' min-max as its interval; ratios pair round r
+with round r (`benchmarks.repeats`). The comparison: dense decode and prefill against llama.cpp's fastest exact
+configuration (16-bit K/V), called faster or slower only past a 5% noise margin at the interval's nearer end; routed
+decode against each lossy configuration (it reads fewer K/V bytes at a measured quality cost: both are recorded).
+  floors   decode: a step's bytes (the weights as held, and the K/V and summaries it reads: sparsekv's from its
+           step statistics, llama.cpp's from the K/V type over the same tokens) over the read bandwidth; prefill: its
+           FLOPs over the faster of the float32 and bfloat16 matmul rates; both measured in the same run
+           (`benchmarks.floors`). Every engine's time is also given over its floor.
 sparsekv runs `load_model(path, weights="gguf", activations=..., prefill=...)` (the file's own codes, `sparsekv.model.quant`; by
 default int8 activations into every decode matmul, as llama.cpp's own dot products take them: `--activations float32`
 keeps them float; each case also times the lm_head alone both ways, and dense decode with float32 ones) with bfloat16 K/V
-(llama.cpp keeps float16) and the summaries `minmax` reads (kmin, kmax), both at the same thread count; with that
+and the summaries `minmax` reads (kmin, kmax), both at the same thread count; with that
 store its decode step is one operator call per layer (`sparsekv.model.fused`), the profile's "after". Its prefill runs
 in bfloat16 (matmuls and attention, float32 accumulation: `--prefill`, by default where the CPU has bfloat16 dot
 products), as llama.cpp's own prefill matmuls round their activations to 8 bits.
@@ -51,12 +64,15 @@ import torch  # noqa: E402
 
 LLAMA_CPP = "0.3.36"            # the llama-cpp-python version measured (Makefile: bench-peers)
 MODELS = {"smollm2": ("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", [2048, 8192]),
+          "smollm2-q8_0": ("derived/SmolLM2-135M-Instruct.Q8_0.gguf", [2048, 8192]),
           "gemma3-270m": ("gemma-3-270m/gemma-3-270m-q4_k_m.gguf", [2048, 8192, 16384, 32768])}
+# SmolLM2 ships as Q4_1, a format neither llamafile's tinyBLAS nor ggml's repack accelerates; its Q8_0 requantisation
+# (made on first use with llama.cpp's own quantiser, `llama_peer.requantize`) is one they do. Both are measured.
+DERIVED = {"smollm2-q8_0": ("smollm2", "Q8_0")}
+# The derived file's sha256 as made here on 2026-12-05 (llama-cpp-python 0.3.36; the same digest with 1 and 2 quantiser
+# threads). A file that differs is measured, with a warning, and its own digest recorded.
+DERIVED_SHA256 = {"smollm2-q8_0": "7b46609d11703c058397e5cfe4cc6e4b2508cb1eb4c80ddc472a5d421fbdb508"}
 BUDGET = 128                    # the routed run's token budget (minmax)
-# llama.cpp at its fastest here: a sliding-window cache of the window only. This binding's default keeps a full-size
-# one, which costs Gemma 3 dearly (measured here on 2026-12-01 at 16k: prefill 97.3 s and 50.2 ms per token, against
-# 43.1 s and 23.1 ms with swa_full=False); SmolLM2 has no sliding layers, so the setting does not touch it.
-LLAMA_SETTINGS = {"swa_full": False}
 # The engines whose agreement with llama.cpp is measured: (label, weights, Engine keywords). "gguf" is the general
 # decode path (per-layer Python), "gguf-fused" the one-call-per-layer step the speed cases time (`model.fused`: it
 # needs the kmin/kmax-only store), "float32" the parity reference.
@@ -102,49 +118,6 @@ def prompt_ids(tok, n: int, kind: str = "prose", skip: int = 0) -> list[int]:
     return ([bos] if bos is not None else []) + corpus.take(tok, corpus.haystack(kind), n - 1 + skip)[skip:]
 
 
-class LlamaCpp:
-    """llama.cpp through llama-cpp-python's low-level API: eval ids, read the last position's logits."""
-
-    def __init__(self, path: Path, n_ctx: int, threads: int, logits_all: bool = False):
-        from llama_cpp import Llama
-        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                         logits_all=logits_all, verbose=False, **LLAMA_SETTINGS)
-        self.vocab = self.llm.n_vocab()
-
-    def reset(self) -> None:
-        self.llm.reset()          # n_tokens = 0: the next eval removes every cached position from 0 on
-
-    def eval(self, ids: list[int]) -> None:
-        self.llm.eval(ids)
-
-    def last_logits(self) -> np.ndarray:
-        import llama_cpp
-        ptr = llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
-        return np.ctypeslib.as_array(ptr, shape=(self.vocab,)).copy()
-
-    def all_logits(self, n: int) -> np.ndarray:
-        """Logits of the last n positions evaluated [n, vocab] (needs logits_all)."""
-        return np.asarray(self.llm.scores[self.llm.n_tokens - n:self.llm.n_tokens], dtype=np.float32)
-
-    def step(self, tok: int) -> int:
-        self.llm.eval([tok])
-        return int(np.argmax(self.last_logits()))
-
-    def weight_bytes(self, path: Path) -> int:
-        from sparsekv.model.gguf_file import read_header
-        return sum(t.n_bytes for t in read_header(path).tensors)
-
-
-def time_steps(step, first: int, steps: int) -> tuple[list[float], int]:
-    """`steps` greedy steps from token `first` through `step(tok) -> next`; (seconds of each, the next token)."""
-    secs, tok = [], first
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        tok = step(tok)
-        secs.append(time.perf_counter() - t0)
-    return secs, tok
-
-
 def lm_head_times(model, args) -> dict:
     """The lm_head's decode matmul alone, with float32 and with int8 activations, interleaved over `args.repeats`
     rounds of `args.steps` calls (the first round discarded): {activations: median seconds}. The same weights and
@@ -170,87 +143,178 @@ def lm_head_times(model, args) -> dict:
     return {a: statistics.median(v) for a, v in secs.items()}
 
 
-def speed_case(name: str, path: Path, n: int, args, bw: float) -> dict:
+def time_steps(step, first: int, steps: int) -> tuple[list[float], int]:
+    """`steps` greedy steps from token `first` through `step(tok) -> next`; (seconds of each, the next token)."""
+    secs, tok = [], first
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        tok = step(tok)
+        secs.append(time.perf_counter() - t0)
+    return secs, tok
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def quality(ref: torch.Tensor, other: torch.Tensor) -> dict:
+    """Next-token agreement of two teacher-forced runs over the same text ([n, vocab] logits each): the share of
+    positions whose argmax agrees, and KL(ref || other) in nats, mean and p99."""
+    lp, lq = torch.log_softmax(ref.double(), -1), torch.log_softmax(other.double(), -1)
+    kl = (lp.exp() * (lp - lq)).sum(-1)
+    return {"top1_agreement": float((ref.argmax(-1) == other.argmax(-1)).double().mean()),
+            "kl_mean": float(kl.mean()), "kl_p99": float(torch.quantile(kl, 0.99)), "positions": ref.shape[0]}
+
+
+def speed_case(name: str, path: Path, n: int, args, rates) -> dict:
+    """One (model, length): every llama.cpp configuration and sparsekv on the same ids, in one process.
+
+    1. Warm-up, untimed, and quality: every engine evaluates the whole prompt once, then `--quality-tokens` tokens of
+       the prompt's own continuation one at a time (teacher-forced); the logits give routed's quality against dense
+       (sparsekv) and each llama.cpp configuration's against its reference (the first exact one), in this run.
+    2. Prefill: `--repeats` rounds; in each, every llama.cpp configuration (reset, eval) and then sparsekv's prefills.
+    3. Decode: one untimed round, then `--repeats` rounds of `--steps` greedy steps per engine, interleaved; a round's
+       value is its steps' median.
+    Every engine's value is the median of the rounds, with their min-max (`repeats.Spread`)."""
     import sparsekv as sk
+    from benchmarks import floors, repeats
+    from benchmarks.llama_peer import CONFIGS, LlamaCpp, weight_bytes
     from sparsekv.model import quant
     tok = sk.load_tokenizer(path)
-    ids = prompt_ids(tok, n)
-    ctx = n + args.steps * args.repeats + 64
-    peer = LlamaCpp(path, ctx, args.threads)
+    q = args.quality_tokens
+    both = prompt_ids(tok, n + q)
+    ids, text = both[:n], both[n:]                  # the prompt, and its continuation (teacher-forced)
+    extra = args.steps * (args.repeats + 1) + q + 16
+    ctx = n + extra + 64
+    peers = {c: LlamaCpp(path, ctx, args.threads, CONFIGS[c]) for c in args.llama_configs}
     model = sk.load_model(path, weights="gguf", activations=args.activations, prefill=args.prefill)
-    engine_kw = dict(block_size=16, num_blocks=ctx // 16 + 64, chunk_size=512, progress=False, kv_dtype=torch.bfloat16,
-                     summaries=("kmin", "kmax"), repr_keys=0)                        # what minmax reads
+    cfg = model.config
+    engine_kw = dict(block_size=16, num_blocks=(n + 6 * extra) // 16 + 96, chunk_size=512, progress=False,
+                     kv_dtype=torch.bfloat16, summaries=("kmin", "kmax"), repr_keys=0)            # what minmax reads
     eng = sk.Engine(model, **engine_kw)
-    seq = eng.new_sequence()
-    case = {"model": name, "length": n, "activations": args.activations, "lm_head_s": lm_head_times(model, args)}
-    t0 = time.perf_counter()
-    peer.eval(ids)
-    case["llamacpp_prefill_s"] = time.perf_counter() - t0
-    if args.prefill != "float32":           # what the bfloat16 prefill buys, in the same run: a float32 one first
-        quant.set_prefill(model, "float32")  # (the pool holds one sequence: it is freed before the timed one)
-        other = eng.new_sequence()
-        t0 = time.perf_counter()
-        eng.prefill(other, ids)
-        case["sparsekv_prefill_f32_s"] = time.perf_counter() - t0
-        eng.finish(other)
-        quant.set_prefill(model, args.prefill)
-        if bf16_kernel():                   # ... and what the prefill attention kernel buys: the same with SDPA
-            sdpa = sk.Engine(model, **engine_kw, prefill_backend="torch")
-            other = sdpa.new_sequence()
-            t0 = time.perf_counter()
-            sdpa.prefill(other, ids)
-            case["sparsekv_prefill_sdpa_s"] = time.perf_counter() - t0
-            sdpa.finish(other)
-            del sdpa
-    t0 = time.perf_counter()
-    logits = eng.prefill(seq, ids)
-    case["sparsekv_prefill_s"] = time.perf_counter() - t0
-    first_peer, first_ours = int(np.argmax(peer.last_logits())), int(logits.argmax())
-    case["same_first_token"] = first_peer == first_ours
+    sdpa = sk.Engine(model, **engine_kw, prefill_backend="torch") if args.prefill != "float32" and bf16_kernel() else None
     router = sk.Router("minmax", token_budget=BUDGET)
+    case = {"model": name, "length": n, "activations": args.activations, "lm_head_s": lm_head_times(model, args),
+            "llamacpp_settings": {c: p.settings() for c, p in peers.items()}}
+
+    # 1. warm-up and quality (untimed)
+    qual, ref_name = {}, next(c for c in peers if CONFIGS[c].exact)
+    peer_logits = {}
+    for c, p in peers.items():
+        p.reset()
+        p.eval(ids)
+        peer_logits[c] = torch.from_numpy(p.teacher_forced(text))
+    for c in peers:
+        if c != ref_name:
+            qual[f"llamacpp_{c}"] = quality(peer_logits[ref_name], peer_logits[c])
+    seq = eng.new_sequence()
+    eng.prefill(seq, ids)
+    dense_q, routed_q = eng.fork(seq), eng.fork(seq)
+    ours_dense = eng.feed(dense_q, text, router=None)
+    qual["sparsekv_routed"] = quality(ours_dense, eng.feed(routed_q, text, router=router))
+    for s in (dense_q, routed_q, seq):
+        eng.finish(s)
+    case["quality"] = {"reference": {"sparsekv_routed": "sparsekv_dense", **{k: f"llamacpp_{ref_name}" for k in qual
+                                                                          if k.startswith("llamacpp_")}}, **qual}
+
+    # 2. prefill, interleaved rounds
+    pre = {f"llamacpp_{c}": [] for c in peers}
+    pre.update({"sparsekv": [], **({"sparsekv_f32": []} if args.prefill != "float32" else {}),
+                **({"sparsekv_sdpa": []} if sdpa else {})})
+    for r in range(args.repeats):
+        for c, p in peers.items():
+            p.reset()
+            pre[f"llamacpp_{c}"].append(timed(lambda: p.eval(ids)))
+        if args.prefill != "float32":        # what the bfloat16 prefill buys: a float32 one (the pool holds one
+            quant.set_prefill(model, "float32")          # prefilled sequence at a time: each is freed before the next)
+            s = eng.new_sequence()
+            pre["sparsekv_f32"].append(timed(lambda: eng.prefill(s, ids)))
+            eng.finish(s)
+            quant.set_prefill(model, args.prefill)
+        if sdpa is not None:                 # ... and what the prefill attention kernel buys: the same with SDPA
+            s = sdpa.new_sequence()
+            pre["sparsekv_sdpa"].append(timed(lambda: sdpa.prefill(s, ids)))
+            sdpa.finish(s)
+        seq = eng.new_sequence()
+        pre["sparsekv"].append(timed(lambda: eng.prefill(seq, ids)))
+        if r < args.repeats - 1:
+            eng.finish(seq)                  # the last round's sequence is the one decode continues
+    sdpa = None                              # its pool and model views go before decode
+    first = {c: int(np.argmax(p.last_logits())) for c, p in peers.items()}
+    first_ours = int(eng.last_logits(seq).argmax())
+    case["same_first_token"] = all(t == first_ours for c, t in first.items() if CONFIGS[c].exact)
+
+    # 3. decode, interleaved rounds after an untimed one
     runs = {"dense": eng.fork(seq), "routed": eng.fork(seq), "dense_f32act": eng.fork(seq)}
 
-    def ours(s, r):
+    def ours(s, rt):
         def step(t):
-            eng.decode_batch([s], router=r, sampler=lambda _lg, t=t: t)
+            eng.decode_batch([s], router=rt, sampler=lambda _lg, t=t: t)
             return int(eng.last_logits(s).argmax())
         return step
 
-    steppers = {"llamacpp": peer.step, "sparsekv_dense": ours(runs["dense"], None),
-                "sparsekv_routed": ours(runs["routed"], router)}
+    steppers = {f"llamacpp_{c}": p.step for c, p in peers.items()}
+    steppers.update({"sparsekv_dense": ours(runs["dense"], None), "sparsekv_routed": ours(runs["routed"], router)})
     acts = dict.fromkeys(steppers, args.activations)
     if args.activations == "int8":          # what int8 activations buy, in the same run: dense with float32 ones
         steppers["sparsekv_dense_f32act"], acts["sparsekv_dense_f32act"] = ours(runs["dense_f32act"], None), "float32"
-    nexts = {k: first_peer if k == "llamacpp" else first_ours for k in steppers}
-    secs = {k: [] for k in steppers}
+    nexts = {k: first[k[len("llamacpp_"):]] if k.startswith("llamacpp_") else first_ours for k in steppers}
+    dec = {k: [] for k in steppers}
     tokens = {k: [] for k in steppers}
-    for r in range(args.repeats):
+    for r in range(args.repeats + 1):
         for k, step in steppers.items():
             quant.set_activations(model, acts[k])         # outside the clock; the fused step rebinds on its first step
             s, nexts[k] = time_steps(step, nexts[k], args.steps)
-            if r:                                          # round 0 is warm-up
-                secs[k] += s
+            if r:                                          # round 0 is the untimed warm-up
+                dec[k].append(statistics.median(s))
             tokens[k].append(nexts[k])
-    for k, s in secs.items():
-        case[f"{k}_tpot_s"] = statistics.median(s)
-    held = quant.weight_bytes(model)["total"]
-    dense_step = eng.stats(runs["dense"]).steps[-1]
-    routed_step = eng.stats(runs["routed"]).steps[-1]
-    case.update(
-        sparsekv_weight_bytes=held, llamacpp_weight_bytes=peer.weight_bytes(path),
-        sparsekv_dense_kv_bytes=dense_step.kv_bytes + dense_step.route_bytes,
-        sparsekv_routed_kv_bytes=routed_step.kv_bytes + routed_step.route_bytes,
-        same_dense_tokens=tokens["llamacpp"] == tokens["sparsekv_dense"])
-    case["sparsekv_dense_floor_s"] = (held + case["sparsekv_dense_kv_bytes"]) / bw
-    case["sparsekv_routed_floor_s"] = (held + case["sparsekv_routed_kv_bytes"]) / bw
-    case["llamacpp_floor_s"] = (case["llamacpp_weight_bytes"] + case["sparsekv_dense_kv_bytes"]) / bw
-    for k in ("llamacpp", "sparsekv_dense", "sparsekv_routed"):
-        case[f"{k}_over_floor"] = case[f"{k}_tpot_s"] / case[f"{k}_floor_s"]
     quant.set_activations(model, args.activations)
-    case["dense_vs_llamacpp"] = case["sparsekv_dense_tpot_s"] / case["llamacpp_tpot_s"]
-    case["routed_vs_llamacpp"] = case["sparsekv_routed_tpot_s"] / case["llamacpp_tpot_s"]
-    case["prefill_vs_llamacpp"] = case["sparsekv_prefill_s"] / case["llamacpp_prefill_s"]
-    del peer
+
+    # summaries: every engine's spread, the fastest exact llama.cpp configuration, paired ratios, floors
+    S = {"prefill": {k: repeats.spread(v) for k, v in pre.items()},
+         "tpot": {k: repeats.spread(v) for k, v in dec.items()}}
+    exact = [f"llamacpp_{c}" for c in peers if CONFIGS[c].exact]
+    lossy = [f"llamacpp_{c}" for c in peers if not CONFIGS[c].exact]
+    best = {"prefill": repeats.fastest({k: S["prefill"][k] for k in exact}),
+            "tpot": repeats.fastest({k: S["tpot"][k] for k in exact})}
+    case["llamacpp_best_exact"] = {k: v[len("llamacpp_"):] for k, v in best.items()}
+    held = quant.weight_bytes(model)["total"]
+    dense_step, routed_step = eng.stats(runs["dense"]).steps[-1], eng.stats(runs["routed"]).steps[-1]
+    peer_weights = weight_bytes(path)
+    kv_read = {"sparsekv_dense": dense_step.kv_bytes + dense_step.route_bytes,
+               "sparsekv_routed": routed_step.kv_bytes + routed_step.route_bytes,
+               "sparsekv_dense_f32act": dense_step.kv_bytes + dense_step.route_bytes,
+               **{f"llamacpp_{c}": floors.decode_kv_bytes(cfg, n, CONFIGS[c].kv_type) for c in peers}}
+    decode_floor = {k: floors.decode_floor_s(peer_weights if k.startswith("llamacpp_") else held, kv_read[k], rates)
+                    for k in dec}
+    prefill_floor = floors.prefill_floor_s(cfg, n, rates)
+    case.update(sparsekv_weight_bytes=held, llamacpp_weight_bytes=peer_weights, kv_read_per_step=kv_read,
+                decode_floor_s=decode_floor, prefill_floor_s=prefill_floor,
+                prefill_s={k: v.as_dict() for k, v in S["prefill"].items()},
+                tpot_s={k: v.as_dict() for k, v in S["tpot"].items()},
+                prefill_over_floor={k: v.scaled(1 / prefill_floor).as_dict() for k, v in S["prefill"].items()},
+                tpot_over_floor={k: v.scaled(1 / decode_floor[k]).as_dict() for k, v in S["tpot"].items()},
+                same_dense_tokens=tokens[best["tpot"]] == tokens["sparsekv_dense"])
+    ratios = {"dense_vs_llamacpp": repeats.paired_ratio(dec["sparsekv_dense"], dec[best["tpot"]]),
+              "prefill_vs_llamacpp": repeats.paired_ratio(pre["sparsekv"], pre[best["prefill"]]),
+              "routed_vs_llamacpp_exact": repeats.paired_ratio(dec["sparsekv_routed"], dec[best["tpot"]])}
+    for k in lossy:                          # routed against each lossy K/V type: the comparison at fewer bytes
+        ratios[f"routed_vs_{k}"] = repeats.paired_ratio(dec["sparsekv_routed"], dec[k])
+    case["ratios"] = {k: {**v.as_dict(), "verdict": repeats.verdict(v)} for k, v in ratios.items()}
+    # the scalar keys of earlier results (medians), for readers of both
+    case.update(llamacpp_tpot_s=S["tpot"][best["tpot"]].median, llamacpp_prefill_s=S["prefill"][best["prefill"]].median,
+                sparsekv_prefill_s=S["prefill"]["sparsekv"].median,
+                **{f"{k}_tpot_s": S["tpot"][k].median for k in ("sparsekv_dense", "sparsekv_routed", "sparsekv_dense_f32act")
+                   if k in S["tpot"]},
+                dense_vs_llamacpp=ratios["dense_vs_llamacpp"].median,
+                prefill_vs_llamacpp=ratios["prefill_vs_llamacpp"].median)
+    if "sparsekv_f32" in S["prefill"]:
+        case["sparsekv_prefill_f32_s"] = S["prefill"]["sparsekv_f32"].median
+    if "sparsekv_sdpa" in S["prefill"]:
+        case["sparsekv_prefill_sdpa_s"] = S["prefill"]["sparsekv_sdpa"].median
+    del peers
     return case
 
 
@@ -263,10 +327,11 @@ def agreement(name: str, path: Path, args) -> dict:
     start = len(prose) - args.agree_tokens - 24 * args.greedy_prompts           # the prose's tail: after every prompt
     bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
     text = bos + prose[len(prose) - args.agree_tokens + 1:]
-    peer = LlamaCpp(path, args.agree_tokens + 64, args.threads, logits_all=True)
+    from benchmarks.llama_peer import CONFIGS, LlamaCpp
+    peer = LlamaCpp(path, args.agree_tokens + 64, args.threads, CONFIGS[args.agree_config], logits_all=True)
     peer.eval(text)
     ref = torch.from_numpy(peer.all_logits(len(text))).double()                # [n, vocab]
-    out = {"model": name, "tokens": len(text), "text_from_token": start}
+    out = {"model": name, "tokens": len(text), "text_from_token": start, "llamacpp_config": args.agree_config}
     prompts = [bos + prose[start + 24 * i:start + 24 * i + 23] for i in range(args.greedy_prompts)]
     peer_tokens, peer_logits = [], []
     for p in prompts:
@@ -314,8 +379,27 @@ def agreement(name: str, path: Path, args) -> dict:
 
 
 def verdict(out: dict) -> str:
-    """One line from the numbers: per model, from which measured length routed (and dense) decode is no slower than
-    llama.cpp's, and whether prefill is faster at every length."""
+    """One line per model from the numbers. Results with intervals (`schema` 2): at each length, dense decode and
+    prefill against llama.cpp's fastest exact configuration, and routed decode against each lossy one, each called
+    faster, slower or a tie by `repeats.verdict` (the ratio's whole interval past 1 -/+ the noise margin), with the
+    ratio's median and interval. Earlier results (one value per engine, no interval): from which measured length
+    routed (and dense) decode is no slower than llama.cpp's, as they were first rendered."""
+    if out.get("schema", 1) < 2:
+        return _verdict_v1(out)
+    parts = []
+    for m in dict.fromkeys(c["model"] for c in out["cases"]):
+        said = []
+        for c in (c for c in out["cases"] if c["model"] == m):
+            rs = c["ratios"]
+            r = lambda k: f"{rs[k]['verdict']} ({rs[k]['median']:.2f}x, {rs[k]['lo']:.2f}-{rs[k]['hi']:.2f})"
+            lossy = [k for k in rs if k.startswith("routed_vs_llamacpp_")]
+            said.append(f"at {c['length']:,}: dense decode {r('dense_vs_llamacpp')}, prefill {r('prefill_vs_llamacpp')}"
+                        + "".join(f", routed vs {k[len('routed_vs_llamacpp_'):]} {r(k)}" for k in lossy))
+        parts.append(f"{m}: " + "; ".join(said))
+    return "\n".join(parts)
+
+
+def _verdict_v1(out: dict) -> str:
     parts = []
     for m in dict.fromkeys(c["model"] for c in out["cases"]):
         cs = [c for c in out["cases"] if c["model"] == m]
@@ -329,7 +413,7 @@ def verdict(out: dict) -> str:
     return "\n".join(parts)
 
 
-def plot(out: dict, path: Path) -> None:
+def _plot_v1(out: dict, path: Path) -> None:
     """TPOT against context for each model: llama.cpp, sparsekv dense and routed (markers at the lengths measured,
     no line drawn between them: nothing was measured there), and each one's byte floor (a model, dotted); the
     prefill times beside them."""
@@ -372,6 +456,78 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _plot_v2(out: dict, path: Path) -> None:
+    """TPOT against context for each model: llama.cpp's fastest exact and fastest lossy configuration, sparsekv dense
+    and routed (medians, bars: the repeats' min-max), each with its byte floor as a dash at each length; the prefill times beside them."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks import repeats
+    from sparsekv.suite import viz
+    models = list(dict.fromkeys(c["model"] for c in out["cases"]))
+    fig, ax = plt.subplots(1, len(models) + 1, figsize=(5.6 * (len(models) + 1), 4.9), squeeze=False)
+    ax = ax[0]
+
+    def series(c):      # engine key in the case -> (label, colour)
+        lossy = {k: v for k, v in c["tpot_s"].items() if k.startswith("llamacpp_") and not
+                 c["llamacpp_settings"][k[len("llamacpp_"):]]["exact"]}
+        out = {f"llamacpp_{c['llamacpp_best_exact']['tpot']}": ("llama.cpp, fastest exact", viz.COLORS[1])}
+        if lossy:
+            k = repeats.fastest({k: repeats.Spread(v["median"], v["lo"], v["hi"], v["n"]) for k, v in lossy.items()})
+            out[k] = ("llama.cpp, fastest lossy K/V", viz.COLORS[3])
+        out["sparsekv_dense"] = ("sparsekv dense", viz.COLORS[0])
+        out["sparsekv_routed"] = (f"sparsekv minmax@{BUDGET}", viz.COLORS[2])
+        return out
+
+    for a, m in zip(ax, models):
+        cs = [c for c in out["cases"] if c["model"] == m]
+        xs = [c["length"] for c in cs]
+        labels = {}
+        for c in cs:
+            for k, (label, color) in series(c).items():
+                labels.setdefault(label, []).append((c["length"], c["tpot_s"][k], c["decode_floor_s"][k], color))
+        top = 0.0
+        for label, pts in labels.items():
+            x = [p[0] for p in pts]
+            med = [1e3 * p[1]["median"] for p in pts]
+            err = [[1e3 * (p[1]["median"] - p[1]["lo"]) for p in pts], [1e3 * (p[1]["hi"] - p[1]["median"]) for p in pts]]
+            a.errorbar(x, med, yerr=err, fmt="o", color=pts[0][3], label=label, capsize=3)
+            a.plot(x, [1e3 * p[2] for p in pts], "_", ms=12, color=pts[0][3])   # floors: a dash at each length
+            top = max(top, max(1e3 * p[1]["hi"] for p in pts))
+        a.set(xscale="log", xlabel="context (tokens)", ylabel="ms per token (median; bars: min-max of repeats)",
+              ylim=(0, 1.5 * top), title=f"{m}: decode (dashes: byte floors)")
+        viz.log_ticks(a, "x", xs)
+        a.legend(fontsize=8, loc="upper left")
+    a = ax[-1]
+    for m, ls in zip(models, ("-", "--", ":", "-.")):
+        cs = [c for c in out["cases"] if c["model"] == m]
+        xs = [c["length"] for c in cs]
+        for key, label, color in ((lambda c: f"llamacpp_{c['llamacpp_best_exact']['prefill']}", "llama.cpp (fastest exact)",
+                                   viz.COLORS[1]), (lambda c: "sparsekv", "sparsekv", viz.COLORS[0])):
+            s = [c["prefill_s"][key(c)] for c in cs]
+            a.errorbar(xs, [v["median"] for v in s], yerr=[[v["median"] - v["lo"] for v in s], [v["hi"] - v["median"] for v in s]],
+                       fmt=("s" if "llama" in label else "o"), color=color, label=f"{m}: {label}", capsize=3)
+        a.plot(xs, [c["prefill_floor_s"] for c in cs], "_", ms=12, color="#555555")
+    a.set(xscale="log", yscale="log", xlabel="prompt (tokens)", ylabel="prefill (s)",
+          title="prefill, same token ids (grey dashes: FLOP floor)")
+    viz.log_ticks(a, "x", sorted({c["length"] for c in out["cases"]}))
+    a.legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"sparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, {out['threads']} "
+                 f"threads on {out.get('cpu', 'an unrecorded CPU')}" + (f" ({out['run_kind']})" if out.get("run_kind") else ""),
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot(out: dict, path: Path) -> None:
+    """The figure of a run: a run of this version (every configuration, repeats: `_plot_v2`) or a committed run of the
+    first version (one configuration, one sample: `_plot_v1`), told apart by the cases' per-engine `tpot_s`."""
+    (_plot_v2 if out["cases"] and isinstance(out["cases"][0].get("tpot_s"), dict) else _plot_v1)(out, path)
+
+
+
 KERNEL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")       # and every sparsekv_cpu:: op: the step's compute
 
 
@@ -410,14 +566,43 @@ def overhead(path: Path, n: int, steps: int) -> list[dict]:
     return rows
 
 
+def model_file(name: str, threads: int) -> tuple[Path, dict]:
+    """The GGUF file of a MODELS entry, made first where it is derived (requantised from a shipped file with
+    llama.cpp's quantiser, `llama_peer.requantize`), and what the JSON records of it (path, sha256, provenance)."""
+    from benchmarks.llama_peer import requantize, sha256
+    rel = MODELS[name][0]
+    path = ROOT / "data" / "models" / rel
+    if name in DERIVED:
+        src_name, ftype = DERIVED[name]
+        src = ROOT / "data" / "models" / MODELS[src_name][0]
+        if not src.is_file():
+            raise SystemExit(f"{src} is absent: run `make model`")
+        digest = requantize(src, path, ftype, threads)
+        if digest != DERIVED_SHA256.get(name, digest):
+            print(f"warning: {path.name} has sha256 {digest}, not the pinned {DERIVED_SHA256[name]}", file=sys.stderr)
+        return path, {"path": rel, "sha256": digest, "derived_from": MODELS[src_name][0], "quantiser":
+                      f"llama_model_quantize (llama-cpp-python {LLAMA_CPP}), ftype {ftype}, allow_requantize"}
+    if not path.is_file():
+        raise SystemExit(f"{path} is absent: run `make model`")
+    return path, {"path": rel, "sha256": sha256(path)}
+
+
 def main(argv=None) -> int:
+    from benchmarks import floors, repeats
+    from benchmarks.llama_peer import CONFIGS, DEFAULT_CONFIGS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--lengths", type=int, nargs="+", default=None, help="override every model's lengths")
     ap.add_argument("--steps", type=int, default=8, help="greedy steps per round and engine")
-    ap.add_argument("--repeats", type=int, default=4, help="rounds (the first is warm-up)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds of every prefill and decode (after an untimed one)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-configs", nargs="+", default=list(DEFAULT_CONFIGS), choices=list(CONFIGS),
+                    help="llama.cpp configurations (llama_peer.CONFIGS: fa<0|1>-<K/V type>); at least one exact")
+    ap.add_argument("--quality-tokens", type=int, default=64,
+                    help="teacher-forced tokens after each prompt, for routed's (and lossy K/V's) quality in the run")
     ap.add_argument("--agree-tokens", type=int, default=512)
+    ap.add_argument("--agree-config", default="fa1-f16", choices=list(CONFIGS),
+                    help="the llama.cpp configuration sparsekv's agreement is measured against")
     ap.add_argument("--greedy-prompts", type=int, default=4)
     ap.add_argument("--skip-agreement", action="store_true", help="speed only (a quick run)")
     ap.add_argument("--profile-tokens", type=int, default=2048, help="context of the overhead profile (SmolLM2)")
@@ -427,8 +612,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="sparsekv's prefill matmuls and attention (load_model's prefill); auto: bfloat16 where the "
                          "CPU has bfloat16 dot products (native_bf16), else float32")
+    ap.add_argument("--run-kind", default="full run",
+                    help="what this run is, recorded in the JSON and its figure (e.g. 'short verification run')")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vs_llamacpp.json")
     args = ap.parse_args(argv)
+    if not any(CONFIGS[c].exact for c in args.llama_configs):
+        ap.error("--llama-configs needs at least one exact (f16 or bf16) configuration")
     if args.prefill == "auto":
         args.prefill = "bfloat16" if native_bf16() else "float32"
     try:
@@ -438,36 +627,45 @@ def main(argv=None) -> int:
     if llama_cpp.__version__ != LLAMA_CPP:
         print(f"warning: llama-cpp-python {llama_cpp.__version__}, measured and pinned: {LLAMA_CPP}", file=sys.stderr)
     torch.set_num_threads(args.threads)
-    from benchmarks.bench_cpu_decode import read_bandwidth
-    bw = read_bandwidth(5)
-    print(f"this machine: read {bw / 1e9:.1f} GB/s, {args.threads} threads", flush=True)
+    rates = floors.measure(5)
+    print(f"this machine: read {rates.read_Bps / 1e9:.1f} GB/s, matmul {rates.f32_flops / 1e9:.0f} (float32) / "
+          f"{rates.bf16_flops / 1e9:.0f} (bfloat16) GFLOP/s, {args.threads} threads", flush=True)
+    features = llama_cpp.llama_print_system_info().decode().strip(" |")
+    files = {name: model_file(name, args.threads) for name in args.models}
     cases, agree, prof = [], [], []
     if "smollm2" in args.models and not args.skip_profile:
         print("overhead profile (SmolLM2, dense):", flush=True)
-        prof = overhead(ROOT / "data" / "models" / MODELS["smollm2"][0], args.profile_tokens, 2 * args.steps)
+        prof = overhead(files["smollm2"][0], args.profile_tokens, 2 * args.steps)
     for name in args.models:
-        rel, lengths = MODELS[name]
-        path = ROOT / "data" / "models" / rel
-        if not path.is_file():
-            raise SystemExit(f"{path} is absent: run `make model`")
+        path = files[name][0]
         if not args.skip_agreement:
             agree.append(agreement(name, path, args))
             print(json.dumps(agree[-1]), flush=True)
-        for n in args.lengths or lengths:
-            c = speed_case(name, path, n, args, bw)
+        for n in args.lengths or MODELS[name][1]:
+            c = speed_case(name, path, n, args, rates)
             cases.append(c)
-            print(f"{name} at {n}: prefill {c['sparsekv_prefill_s']:.1f} s vs llama.cpp {c['llamacpp_prefill_s']:.1f} s;"
-                  f" TPOT dense {1e3 * c['sparsekv_dense_tpot_s']:.1f} ms, routed {1e3 * c['sparsekv_routed_tpot_s']:.1f}"
-                  f" ms, llama.cpp {1e3 * c['llamacpp_tpot_s']:.1f} ms", flush=True)
-    out = {"date": str(date.today()), "torch": torch.__version__, "llama_cpp_python": llama_cpp.__version__,
-           "cpu": cpu_name(), "llama_cpp_features": llama_cpp.llama_print_system_info().decode().strip(" |"),
-           "threads": args.threads, "llama_settings": LLAMA_SETTINGS, "read_bandwidth_Bps": bw, "steps": args.steps, "repeats": args.repeats,
+            r = c["ratios"]
+            print(f"{name} at {n}: prefill {c['sparsekv_prefill_s']:.2f} s vs llama.cpp {c['llamacpp_prefill_s']:.2f} s "
+                  f"({c['llamacpp_best_exact']['prefill']}); TPOT dense {1e3 * c['sparsekv_dense_tpot_s']:.2f} ms, routed "
+                  f"{1e3 * c['sparsekv_routed_tpot_s']:.2f} ms, llama.cpp {1e3 * c['llamacpp_tpot_s']:.2f} ms "
+                  f"({c['llamacpp_best_exact']['tpot']}); dense/llama.cpp {r['dense_vs_llamacpp']['median']:.2f}x "
+                  f"[{r['dense_vs_llamacpp']['lo']:.2f}, {r['dense_vs_llamacpp']['hi']:.2f}] "
+                  f"{r['dense_vs_llamacpp']['verdict']}", flush=True)
+    out = {"schema": 2, "run_kind": args.run_kind, "date": str(date.today()), "torch": torch.__version__,
+           "llama_cpp_python": llama_cpp.__version__, "cpu": cpu_name(), "llama_cpp_features": features,
+           "llama_cpp_amx": "AMX" in features, "threads": args.threads, "llama_configs": args.llama_configs,
+           "llama_settings": {"swa_full": False, "n_batch": 512, "n_ubatch": 512},
+           "files": {k: v[1] for k, v in files.items()}, **rates.as_dict(),
+           "steps": args.steps, "repeats": args.repeats, "warmup": "one untimed full prompt eval (+ the quality "
+           "tokens) per engine before the prefill rounds; one untimed decode round", "interval": repeats.INTERVAL,
+           "noise_margin": repeats.NOISE_MARGIN, "quality_tokens": args.quality_tokens,
            "budget_tokens": BUDGET, "activations": args.activations, "prefill": args.prefill,
            "prefill_attention": "kernel" if args.prefill == "bfloat16" and bf16_kernel() else "sdpa", "cases": cases,
            "agreement": agree, "overhead": prof}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     plot(out, args.out.with_suffix(".png"))
+    print(verdict(out))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
 

@@ -133,16 +133,37 @@ def gemma_speed_table(path: Path = RESULTS / "gemma_speed.json") -> str:
              "| tokens | TTFT sparsekv | TTFT transformers | prefill speed-up | prefill floor | TPOT sparsekv | "
              "TPOT transformers | decode speed-up | decode floor | peak RSS sparsekv / transformers | K/V held sparsekv / transformers | same tokens |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
+    if d.get("schema", 1) >= 2:                  # runs with intervals: transformers' settings, and each row's spread
+        st = next((r["transformers_settings"] for r in d["cases"] if "transformers_settings" in r), {})
+        lines[0] = (f"{d.get('run_kind', 'full run').capitalize()}. " + lines[0][:-1] + f". Each TTFT and TPOT is the median "
+                    f"of {d['repeats']} timed repeats (after an untimed warm-up) with their {d['interval']}. "
+                    f"transformers: attention `{st.get('attn_implementation', '?')}`, prefill in chunks of "
+                    f"{st.get('chunk', '?')} tokens into its DynamicCache (sliding layers keep their window), decode "
+                    "variants " + ", ".join(f"`{k}` ({v['cache']}{', torch.compile' if v['torch_compile'] else ''})"
+                                             for k, v in st.get("decode_variants", {}).items())
+                    + f"; the fastest (`{st.get('decode_compared', '?')}`) is compared. A speed-up's verdict is "
+                    f"sparsekv's: 'faster' or 'slower' only past a {d['noise_margin']:.0%} margin at its interval's "
+                    "nearer end, else 'tie':")
     for r in d["cases"]:
+        spreads = {"sparsekv_ttft_s": "sparsekv_ttft", "sparsekv_tpot_s": "sparsekv_tpot",
+                   "transformers_ttft_s": "transformers_ttft", "transformers_tpot_s": "transformers_tpot",
+                   "prefill_speedup": "prefill_speedup_interval", "decode_speedup": "decode_speedup_interval"}
+
         def hf(key, scale, fmt):
             if key not in r:
                 return f"did not run: {r.get('transformers_failed', 'not measured')}"
+            iv = r.get(spreads.get(key, ""))        # a run with intervals: the median [min-max], and a verdict
+            if iv:
+                cell = fmt.format(iv["median"] * scale)
+                unit = cell[len(cell.rstrip(" smx")):]
+                cell = f"{cell} [{fmt.format(iv['lo'] * scale)[:-len(unit) or None]}-{fmt.format(iv['hi'] * scale)}]"
+                return cell + (f" {iv['verdict']}" if "verdict" in iv else "")
             return fmt.format(r[key] * scale)
         if "rss" not in d:          # results from before the peak was reset after loading: their peak is the load's
             r = {**r, "sparsekv_peak_rss": None, "transformers_peak_rss": None}
         lines.append(
-            f"| {r['length']:,} | {r['sparsekv_ttft_s']:.1f} s | {hf('transformers_ttft_s', 1, '{:.1f} s')} | "
-            f"{hf('prefill_speedup', 1, '{:.2f}x')} | {r['prefill_floor_s']:.1f} s | {1e3 * r['sparsekv_tpot_s']:.0f} ms | "
+            f"| {r['length']:,} | {hf('sparsekv_ttft_s', 1, '{:.1f} s')} | {hf('transformers_ttft_s', 1, '{:.1f} s')} | "
+            f"{hf('prefill_speedup', 1, '{:.2f}x')} | {r['prefill_floor_s']:.1f} s | {hf('sparsekv_tpot_s', 1e3, '{:.0f} ms')} | "
             f"{hf('transformers_tpot_s', 1e3, '{:.0f} ms')} | {hf('decode_speedup', 1, '{:.2f}x')} | "
             f"{1e3 * r['decode_floor_s']:.0f} ms | {_rss(r)} | {r['sparsekv_kv_held'] / 2**20:.0f} / "
             f"{hf('transformers_kv_held', 2**-20, '{:.0f}')} MiB | {r.get('same_tokens', '-')} |")
@@ -171,12 +192,73 @@ def _verdict(d: dict) -> str:
     return verdict(d).replace("\n", "; ") + "."
 
 
+def _iv(s: dict, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    """A median with its interval: '1.23 [1.20-1.31]'."""
+    return f"{fmt.format(s['median'] * scale)} [{fmt.format(s['lo'] * scale)}-{fmt.format(s['hi'] * scale)}]"
+
+
+def _vs_v2(d: dict) -> list[str]:
+    """The table of a run with intervals (`bench_vs_llamacpp`, schema 2): every engine and configuration, with its
+    settings, its median and interval, and its time over its floor; the comparisons with their verdicts; routed
+    decode's quality and bytes beside the lossy K/V types'."""
+    amx = "with AMX" if d.get("llama_cpp_amx") else "without AMX (rows are llama.cpp without its AMX matmuls)"
+    configs = {k: v for c in d["cases"] for k, v in c["llamacpp_settings"].items()}
+    lines = [f"sparsekv against llama.cpp ({d['run_kind']}): llama-cpp-python {d['llama_cpp_python']}, built {amx}, "
+             f"{d['threads']} threads, {d['date']}, on {d.get('cpu', 'an unrecorded CPU')} (llama.cpp's build: "
+             f"{d['llama_cpp_features'].replace(' | ', ', ')}). Same GGUF files and token ids of real prose, one process "
+             f"(`python -m benchmarks.bench_vs_llamacpp`). llama.cpp's configurations, each with n_batch = n_ubatch = "
+             f"{d['llama_settings']['n_batch']}, swa_full {d['llama_settings']['swa_full']}: "
+             + "; ".join(f"`{k}` (flash_attn {v['flash_attn']}, K/V {v['kv_type']}, {'exact' if v['exact'] else 'lossy'})"
+                         for k, v in configs.items())
+             + f". sparsekv: `weights=\"gguf\"`, bfloat16 K/V, {d['activations']} activations into its decode matmuls, "
+             f"{d['prefill']} prefill ({d['prefill_attention']} attention); routed is `minmax` at a {d['budget_tokens']}-"
+             f"token budget. Warm-up: {d['warmup']}. Then {d['repeats']} interleaved rounds of every prefill and of "
+             f"{d['steps']} decode steps; each number is the median of the rounds with their {d['interval']}. Ratios pair "
+             f"round with round; a verdict is 'faster' or 'slower' only when the ratio's whole interval is past 1 by "
+             f"{d['noise_margin']:.0%}, else 'tie'. Floors from this run's read bandwidth "
+             f"({d['read_bandwidth_Bps'] / 1e9:.1f} GB/s; decode: weights and K/V read) and matmul rate "
+             f"({d['floor_flops'] / 1e9:.0f} GFLOP/s, the faster of float32 and bfloat16; prefill: FLOPs). Files: "
+             + "; ".join(f"{k} `{v['path']}` (sha256 {v['sha256'][:12]}"
+                         + (f", requantised from `{v['derived_from']}` by {v['quantiser']}" if "derived_from" in v else "")
+                         + ")" for k, v in d["files"].items()) + ".",
+             "", "Verdicts (`bench_vs_llamacpp.verdict`; dense and prefill against llama.cpp's fastest exact "
+             "configuration, routed against each lossy one): " + _verdict(d), "",
+             "| model | tokens | engine | prefill s | prefill / FLOP floor | TPOT ms | TPOT / byte floor | "
+             "K/V read per step |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for c in d["cases"]:
+        best = c["llamacpp_best_exact"]
+        for k, t in c["tpot_s"].items():
+            name = k.replace("llamacpp_", "llama.cpp ")
+            if k.startswith("llamacpp_"):
+                cfg = k[len("llamacpp_"):]
+                name += "".join(f" (fastest exact {w})" for w in ("prefill", "tpot") if best[w] == cfg)
+            pk = "sparsekv" if k == "sparsekv_dense" else k
+            pre = c["prefill_s"].get(pk)
+            lines.append(f"| {c['model']} | {c['length']:,} | {name} | {_iv(pre) if pre else '-'} | "
+                         f"{_iv(c['prefill_over_floor'][pk], fmt='{:.1f}') if pre else '-'} | {_iv(t, 1e3)} | "
+                         f"{_iv(c['tpot_over_floor'][k], fmt='{:.1f}')} | {c['kv_read_per_step'][k] / 1e6:.1f} MB |")
+    lines += ["", "Routed decode beside its quality, measured in the same run (teacher-forced over the "
+              f"{d['quality_tokens']} tokens after each prompt: top-1 agreement and KL against the reference named), and "
+              "llama.cpp's lossy K/V types beside theirs; the ratio is routed's TPOT over the lossy configuration's:", "",
+              "| model | tokens | engine | reference | K/V read per step | top-1 agreement | KL mean | KL p99 | "
+              "routed / this |", "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for c in d["cases"]:
+        q = c["quality"]
+        for k in (k for k in q if k != "reference"):
+            r = c["ratios"].get(f"routed_vs_{k}")
+            lines.append(f"| {c['model']} | {c['length']:,} | {k.replace('llamacpp_', 'llama.cpp ')} | "
+                         f"{q['reference'][k].replace('llamacpp_', 'llama.cpp ')} | "
+                         f"{c['kv_read_per_step'][k] / 1e6:.2f} MB | {q[k]['top1_agreement']:.1%} | {q[k]['kl_mean']:.4f} | "
+                         f"{q[k]['kl_p99']:.4f} | {_iv(r) + ' ' + r['verdict'] if r else '-'} |")
+    return lines
+
+
 def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
     if not path.exists():
         return "sparsekv against llama.cpp: not yet measured (`make bench-peers`, then `python -m benchmarks.bench_vs_llamacpp`)."
     d = json.loads(path.read_text())
     act, pre = d.get("activations", "float32"), d.get("prefill", "float32")
-    lines = [f"sparsekv (`weights=\"gguf\"`: the file's own codes; bfloat16 K/V; {act} activations into its decode "
+    lines = _vs_v2(d) if d.get("schema", 1) >= 2 else [f"sparsekv (`weights=\"gguf\"`: the file's own codes; bfloat16 K/V; {act} activations into its decode "
              f"matmuls; {pre} prefill matmuls and attention"
              + (", the attention in its own kernel" if d.get("prefill_attention") == "kernel" else "")
              + ") against llama.cpp (llama-cpp-python "
@@ -191,7 +273,7 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
              + _verdict(d), "", "| model | tokens | weights held sparsekv / llama.cpp | prefill sparsekv / llama.cpp | TPOT llama.cpp | "
              "TPOT sparsekv dense | TPOT sparsekv routed | dense / llama.cpp | routed / llama.cpp | x floor: llama.cpp, dense, routed |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in d["cases"]:
+    for r in d["cases"] if d.get("schema", 1) < 2 else []:        # later runs: every engine's row in `_vs_v2`
         lines.append(
             f"| {r['model']} | {r['length']:,} | {r['sparsekv_weight_bytes'] / 1e6:.0f} / {r['llamacpp_weight_bytes'] / 1e6:.0f} MB | "
             f"{r['sparsekv_prefill_s']:.1f} / {r['llamacpp_prefill_s']:.1f} s | "

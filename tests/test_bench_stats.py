@@ -104,3 +104,50 @@ def test_the_verdict_line_calls_each_length_with_its_interval():
                       "prefill_vs_llamacpp": 0.5}]}                  # results without intervals: the first rendering
     assert verdict(old) == "m: routed decode from 2,048 tokens, dense decode at no length measured; " \
                            "prefill faster at every length"
+
+
+def test_unpaired_ratios_span_the_intervals_far_ends():
+    r = repeats.ratio_bounds(repeats.Spread(2.0, 1.0, 4.0, 3), repeats.Spread(1.0, 0.5, 2.0, 3))
+    assert (r.median, r.lo, r.hi, r.n) == (2.0, 0.5, 8.0, 3)          # 1 / 2 and 4 / 0.5
+
+
+def _case(model, n):
+    s = lambda m: {"median": m, "lo": 0.9 * m, "hi": 1.1 * m, "n": 3, "coverage": 0.75}
+    engines = ("llamacpp_fa0-f16", "llamacpp_fa1-q8_0", "sparsekv_dense", "sparsekv_routed")
+    settings = {"fa0-f16": {"flash_attn": False, "kv_type": "f16", "exact": True},
+                "fa1-q8_0": {"flash_attn": True, "kv_type": "q8_0", "exact": False}}
+    return {"model": model, "length": n, "llamacpp_settings": settings,
+            "llamacpp_best_exact": {"prefill": "fa0-f16", "tpot": "fa0-f16"},
+            "tpot_s": {k: s(0.01) for k in engines}, "tpot_over_floor": {k: s(2.0) for k in engines},
+            "prefill_s": {"llamacpp_fa0-f16": s(1.0), "llamacpp_fa1-q8_0": s(1.0), "sparsekv": s(0.5)},
+            "prefill_over_floor": {"llamacpp_fa0-f16": s(4.0), "llamacpp_fa1-q8_0": s(4.0), "sparsekv": s(2.0)},
+            "kv_read_per_step": {k: 1e6 for k in engines},
+            "quality": {"reference": {"sparsekv_routed": "sparsekv_dense", "llamacpp_fa1-q8_0": "llamacpp_fa0-f16"},
+                        **{k: {"top1_agreement": 0.9, "kl_mean": 0.01, "kl_p99": 0.1, "positions": 64}
+                           for k in ("sparsekv_routed", "llamacpp_fa1-q8_0")}},
+            "ratios": {"dense_vs_llamacpp": _ratio([1.0, 1.02, 1.04]), "prefill_vs_llamacpp": _ratio([0.4, 0.5, 0.6]),
+                       "routed_vs_llamacpp_fa1-q8_0": _ratio([0.7, 0.8, 0.9])},
+            "llamacpp_prefill_s": 1.0, "sparsekv_prefill_s": 0.5}
+
+
+def test_the_report_renders_a_run_with_intervals_settings_and_labels(tmp_path):
+    import json
+
+    from benchmarks import report
+    d = {"schema": 2, "run_kind": "short verification run", "date": "2026-12-05", "llama_cpp_python": "0.3.36",
+         "llama_cpp_amx": False, "llama_cpp_features": "CPU : AVX2 = 1 | REPACK = 1", "threads": 1, "cpu": "Xeon",
+         "llama_settings": {"n_batch": 512, "swa_full": False}, "activations": "int8", "prefill": "bfloat16",
+         "prefill_attention": "kernel", "budget_tokens": 128, "warmup": "one untimed eval", "repeats": 3, "steps": 4,
+         "interval": repeats.INTERVAL, "noise_margin": 0.05, "read_bandwidth_Bps": 2e10, "floor_flops": 4e11,
+         "quality_tokens": 64, "files": {"m": {"path": "m.gguf", "sha256": "ab" * 32}},
+         "cases": [_case("m", 512)], "agreement": [], "overhead": []}
+    path = tmp_path / "vs_llamacpp.json"
+    path.write_text(json.dumps(d))
+    text = report.vs_llamacpp_table(path)
+    assert "short verification run" in text and "without AMX" in text            # what ran, and the build's label
+    assert "`fa1-q8_0` (flash_attn True, K/V q8_0, lossy)" in text               # every configuration's settings
+    assert "dense decode tie (1.02x, 1.00-1.04)" in text                         # a verdict inside the margin
+    assert "| m | 512 | llama.cpp fa0-f16 (fastest exact prefill) (fastest exact tpot) | 1.00 [0.90-1.10] |" in text
+    assert "| m | 512 | sparsekv_routed | sparsekv_dense | 1.00 MB | 90.0% | 0.0100 | 0.1000 | - |" in text
+    assert "| m | 512 | llama.cpp fa1-q8_0 | llama.cpp fa0-f16 | 1.00 MB | 90.0% | 0.0100 | 0.1000 | " \
+           "0.80 [0.70-0.90] faster |" in text                                  # routed against the lossy type

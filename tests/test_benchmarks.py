@@ -46,8 +46,9 @@ def test_the_router_cost_benchmark_runs_and_charges_what_each_router_reads(tmp_p
 
 
 def test_the_llama_cpp_benchmark_runs_on_a_short_prompt(tmp_path):
-    """Only where its peer is installed (`make bench-peers`; never in `make test`'s set-up): both engines on the same
-    ids, a TPOT and a floor for each, and the figure."""
+    """Only where its peer is installed (`make bench-peers`; never in `make test`'s set-up): every engine on the same
+    ids, each with a spread over its rounds, a floor and its settings; the exact comparison takes an exact
+    configuration; routed decode carries its quality and a ratio against the lossy configuration; the figure."""
     import pytest
     pytest.importorskip("llama_cpp")
     from benchmarks import bench_vs_llamacpp
@@ -56,11 +57,23 @@ def test_the_llama_cpp_benchmark_runs_on_a_short_prompt(tmp_path):
         pytest.skip("SmolLM2's GGUF is not fetched")
     out = tmp_path / "vs.json"
     assert bench_vs_llamacpp.main(["--models", "smollm2", "--lengths", "300", "--steps", "2", "--repeats", "2",
-                                   "--skip-agreement", "--skip-profile", "--out", str(out)]) == 0
-    (case,) = json.loads(out.read_text())["cases"]
-    for k in ("llamacpp", "sparsekv_dense", "sparsekv_routed"):
-        assert case[f"{k}_tpot_s"] > 0 and case[f"{k}_floor_s"] > 0
+                                   "--llama-configs", "fa0-f16", "fa1-bf16", "fa1-q8_0", "--quality-tokens", "8",
+                                   "--skip-agreement", "--skip-profile", "--run-kind", "test", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    (case,) = d["cases"]
+    engines = {"llamacpp_fa0-f16", "llamacpp_fa1-bf16", "llamacpp_fa1-q8_0", "sparsekv_dense", "sparsekv_routed"}
+    assert engines <= set(case["tpot_s"]) and engines <= set(case["decode_floor_s"])
+    for k in engines:
+        t = case["tpot_s"][k]
+        assert 0 < t["lo"] <= t["median"] <= t["hi"] and t["n"] == 2 and case["tpot_over_floor"][k]["median"] > 0
+    assert case["llamacpp_best_exact"]["tpot"] in ("fa0-f16", "fa1-bf16")           # never the lossy one
+    assert case["llamacpp_settings"]["fa1-q8_0"]["flash_attn"] is True and not case["llamacpp_settings"]["fa1-q8_0"]["exact"]
+    assert case["ratios"]["dense_vs_llamacpp"]["verdict"] in ("faster", "slower", "tie")
+    assert "routed_vs_llamacpp_fa1-q8_0" in case["ratios"]
+    assert case["quality"]["sparsekv_routed"]["positions"] == 8 and case["quality"]["llamacpp_fa1-q8_0"]["kl_mean"] >= 0
+    assert case["kv_read_per_step"]["llamacpp_fa1-q8_0"] < case["kv_read_per_step"]["llamacpp_fa0-f16"]
     assert case["sparsekv_weight_bytes"] < case["llamacpp_weight_bytes"] * 1.5        # the file's codes, not float32
+    assert d["files"]["smollm2"]["sha256"] and d["run_kind"] == "test"
     assert out.with_suffix(".png").stat().st_size > 0
 
 
