@@ -370,6 +370,7 @@ def main(argv=None):
     ap.add_argument("--rotate", type=int, default=256, help="decode queries (each with its own selection) timed calls turn through")
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes ~20 s a shape)")
     ap.add_argument("--quick", action="store_true", help="contexts 4k and 16k, 3 repeats")
+    ap.add_argument("--run-kind", default="full run", help="recorded in the JSON (e.g. 'short verification run')")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cpu_decode.json")
     ap.add_argument("--figure", type=Path, default=ROOT / "figures" / "cpu_decode.png")
     args = ap.parse_args(argv)
@@ -400,7 +401,8 @@ def main(argv=None):
                   f"sdpa {r['sdpa_over_floor']:.2f}x ({r['sdpa_kernel']}), grouped {r['sdpa_grouped_over_floor']:.2f}x "
                   f"({r['sdpa_grouped_kernel']})", flush=True)
     results = {
-        "benchmark": "cpu_decode", "date": date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+        "benchmark": "cpu_decode", "run_kind": args.run_kind, "date": date.today().isoformat(),
+        "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "read_bandwidth_Bps": bw, "matmul_flops": rate, "decode_matmul_flops": decode_rate, "llc_bytes": llc, "rotate": args.rotate,
         "config": {k: getattr(args, k) for k in ("q_heads", "kv_heads", "head_dim", "block_size", "budget", "repeats", "warmup")},

@@ -392,7 +392,7 @@ def verdict(out: dict) -> str:
         for c in (c for c in out["cases"] if c["model"] == m):
             rs = c["ratios"]
             r = lambda k: f"{rs[k]['verdict']} ({rs[k]['median']:.2f}x, {rs[k]['lo']:.2f}-{rs[k]['hi']:.2f})"
-            lossy = [k for k in rs if k.startswith("routed_vs_llamacpp_")]
+            lossy = [k for k in rs if k.startswith("routed_vs_llamacpp_") and k != "routed_vs_llamacpp_exact"]
             said.append(f"at {c['length']:,}: dense decode {r('dense_vs_llamacpp')}, prefill {r('prefill_vs_llamacpp')}"
                         + "".join(f", routed vs {k[len('routed_vs_llamacpp_'):]} {r(k)}" for k in lossy))
         parts.append(f"{m}: " + "; ".join(said))

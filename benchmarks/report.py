@@ -280,11 +280,12 @@ def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
             f"{1e3 * r['llamacpp_tpot_s']:.1f} ms | {1e3 * r['sparsekv_dense_tpot_s']:.1f} ms | "
             f"{1e3 * r['sparsekv_routed_tpot_s']:.1f} ms | {r['dense_vs_llamacpp']:.2f}x | {r['routed_vs_llamacpp']:.2f}x | "
             f"{r['llamacpp_over_floor']:.1f} / {r['sparsekv_dense_over_floor']:.1f} / {r['sparsekv_routed_over_floor']:.1f} |")
-    lines += ["", "Agreement with llama.cpp's next-token distributions over held-out prose, and greedy continuations "
-              "(32 tokens) from short prompts:", "",
-              "| model | positions | weights | top-1 agreement | KL mean (nats) | KL p99 | identical continuations | "
-              "first divergence | largest logit gap there (either side) |",
-              "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    if d["agreement"]:                          # a quick run may skip it (--skip-agreement)
+        lines += ["", "Agreement with llama.cpp's next-token distributions over held-out prose, and greedy "
+                  "continuations (32 tokens) from short prompts:", "",
+                  "| model | positions | weights | top-1 agreement | KL mean (nats) | KL p99 | identical continuations | "
+                  "first divergence | largest logit gap there (either side) |",
+                  "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
     for a in d["agreement"]:
         for w in [w for w in ("gguf", "gguf-fused", "gguf-fused-int8", "gguf-fused-int8-bf16", "float32")
                   if f"{w}_top1_agreement" in a]:
