@@ -4,19 +4,27 @@
     python -m benchmarks.bench_gemma_speed --quick          # 1k and 2k (a smoke run)
 
 The three numbers long-context serving is judged by, for each system at each length:
-  TTFT   wall time of the prefill that returns the first token's logits (transformers: one forward with
-         `logits_to_keep=1`, its default attention (SDPA); sparsekv: `Engine.prefill`, chunks of 512);
-  TPOT   median wall time of the next `--steps` greedy decode steps (dense), after one warm-up step;
+  TTFT   wall time of the prefill that returns the first token's logits, in chunks of `--chunk` (512) tokens on
+         both sides (transformers: forwards with `logits_to_keep=1` into its own DynamicCache, whose sliding layers
+         keep only their window, `DynamicSlidingWindowLayer`; sparsekv: `Engine.prefill`); `--repeats` timed
+         prefills after an untimed one-chunk warm-up;
+  TPOT   one untimed round, then `--repeats` rounds of `--steps` greedy decode steps (dense); a round's value is its
+         steps' median. transformers decodes in each variant of `--hf-decode` (the dynamic cache; a StaticCache; a
+         StaticCache with the forward under torch.compile, compiled in the untimed round), each recorded, and the
+         fastest is the one compared; its attention implementation is recorded too;
   memory the process's peak RSS during the request and its RSS after loading the model (the peak is reset there, so
          the difference is what the request cost),
          and the K/V the cache holds at the end (sparsekv: its sliding groups hold only their windows; transformers
          5.2's DynamicCache for Gemma 3 keeps its sliding layers' last window too).
+Each number is the median of the repeats with their min-max (`benchmarks.repeats`); the speed-ups' intervals span
+the two systems' intervals' far ends, since they run in separate processes.
 Each (system, length) runs in its own process, so peak RSS is that run's; the order alternates per length so drift
 on this shared machine hits both. Both systems must produce the same greedy tokens (checked, reported).
 
-Floors, measured in the same run: a decode step must read the weights (float32) and the K/V its attention reads,
-at the machine's measured read bandwidth; a prefill must do its FLOPs (2 per weight per token, plus attention's:
-global layers over every earlier key, sliding layers over their window) at the measured matmul rate. Each time is
+Floors, measured in the same run (`benchmarks.floors`): a decode step must read the weights (float32) and the K/V its
+attention reads, at the machine's measured read bandwidth; a prefill must do its FLOPs (2 per weight per token, plus
+attention's: global layers over every earlier key, sliding layers over their window) at the faster of the measured
+float32 and bfloat16 matmul rates. Each time is
 reported as a multiple of its floor. Results go to benchmarks/results/gemma_speed.json and a figure beside it.
 """
 from __future__ import annotations
@@ -31,6 +39,7 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -73,45 +82,130 @@ def prompt_ids(tok, n: int) -> list[int]:
     return [tok.bos_token_id] + corpus.take(tok, corpus.haystack("prose"), n - 1)
 
 
-def run_sparsekv(path: Path, ids: list[int], steps: int, chunk: int) -> dict:
+class Rounds(NamedTuple):
+    tpot: list[float]           # each timed round's median step, seconds
+    tokens: list[int]           # every token fed, warm-up rounds included
+    warmup_rounds: int          # untimed rounds run before the timed ones
+
+
+def _rounds(step, first: int, steps: int, rounds: int, settle: int = 1) -> Rounds:
+    """Untimed rounds, then `rounds` timed rounds of `steps` greedy steps through `step(tok) -> next token`.
+
+    One untimed round, or (settle > 1, for a compiled forward that may recompile in its first steps) up to `settle`,
+    stopping once a round's median is within 1.5x of the round before it."""
+    tokens, tok = [], first
+
+    def one_round() -> float:
+        nonlocal tok
+        secs = []
+        for _ in range(steps):
+            tokens.append(tok)
+            t0 = time.perf_counter()
+            tok = step(tok)
+            secs.append(time.perf_counter() - t0)
+        return statistics.median(secs)
+    warm = [one_round()]
+    while len(warm) < settle and not (len(warm) > 1 and warm[-1] < 1.5 * warm[-2] and warm[-2] < 1.5 * warm[-1]):
+        warm.append(one_round())
+    return Rounds([one_round() for _ in range(rounds)], tokens, len(warm))
+
+
+def run_sparsekv(path: Path, ids: list[int], args) -> dict:
     import sparsekv as sk
     model = sk.load_model(path)
     base_rss = start_request()
-    eng = sk.Engine(model, block_size=16, num_blocks=len(ids) // 16 + 64, chunk_size=chunk, progress=False)
-    seq = eng.new_sequence()
-    t0 = time.perf_counter()
-    eng.prefill(seq, ids)
-    ttft = time.perf_counter() - t0
-    tokens = eng.decode(seq, steps + 1, router=None)
-    secs = [s.seconds for s in eng.stats(seq).steps][1:]
-    return {"ttft_s": ttft, "tpot_s": statistics.median(secs), "tokens": tokens, "base_rss": base_rss,
+    eng = sk.Engine(model, block_size=16, num_blocks=len(ids) // 16 + args.steps * (args.repeats + 1) // 16 + 64,
+                    chunk_size=args.chunk, progress=False)
+    warm = eng.new_sequence()                         # untimed: one chunk
+    eng.prefill(warm, ids[:args.chunk])
+    eng.finish(warm)
+    ttft = []
+    for r in range(args.repeats):
+        seq = eng.new_sequence()
+        t0 = time.perf_counter()
+        eng.prefill(seq, ids)
+        ttft.append(time.perf_counter() - t0)
+        if r < args.repeats - 1:
+            eng.finish(seq)
+    first = int(eng.last_logits(seq).argmax())
+
+    def step(t):
+        eng.decode_batch([seq], router=None, sampler=lambda _lg, t=t: t)
+        return int(eng.last_logits(seq).argmax())
+    tpot, tokens, _ = _rounds(step, first, args.steps, args.repeats)
+    return {"ttft_rounds_s": ttft, "tpot_rounds_s": tpot, "tokens": tokens, "base_rss": base_rss,
             "peak_rss": rss_bytes(), "kv_held": eng.store.sequence_bytes(seq),
-            "kv_read_per_step": eng.stats(seq).steps[-1].kv_bytes}
+            "kv_read_per_step": eng.stats(seq).steps[-1].kv_bytes, "settings": {"chunk": args.chunk}}
 
 
-def run_transformers(path: Path, ids: list[int], steps: int, chunk: int) -> dict:
+# transformers' decode variants: (cache class, torch.compile of the forward). Each prefills in chunks into its own
+# cache (the sliding layers of both keep only their window: DynamicSlidingWindowLayer, StaticSlidingWindowLayer).
+SETTLE = 5      # at most this many untimed decode rounds for a compiled forward (its first steps compile and recompile)
+HF_DECODE = {"dynamic": ("DynamicCache", False), "static": ("StaticCache", False), "static+compile": ("StaticCache", True)}
+
+
+def run_transformers(path: Path, ids: list[int], args) -> dict:
+    """transformers at its best here: a chunked prefill (`--chunk` tokens a forward, as sparsekv's) into its own
+    cache classes, then decode with each of `--hf-decode` (the default dynamic cache; a static cache; a static cache
+    with the forward compiled by torch.compile, the compile in the untimed round). The prefill is timed with the
+    dynamic cache; every variant's decode is recorded, and the fastest is the one compared."""
+    import transformers
     from transformers import AutoModelForCausalLM
 
     from sparsekv.model.checkpoint import converted_folder
     hf = AutoModelForCausalLM.from_pretrained(str(converted_folder(path)), dtype=torch.float32).eval()
     base_rss = start_request()
-    x = torch.tensor([ids])
+    n, total = len(ids), len(ids) + args.steps * (args.repeats + SETTLE) + 1      # every round fits a static cache
+
+    def prefill(cache) -> int:
+        out = None
+        for i in range(0, n, args.chunk):
+            x = torch.tensor([ids[i:i + args.chunk]])
+            out = hf(x, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                     cache_position=torch.arange(i, i + x.shape[1]))
+        return int(out.logits[0, -1].argmax())
+
+    def new_cache(kind: str):
+        cls = getattr(transformers, HF_DECODE[kind][0])
+        return cls(config=hf.config) if kind == "dynamic" else cls(config=hf.config, max_cache_len=total)
+
+    res = {"settings": {"attn_implementation": hf.config._attn_implementation, "chunk": args.chunk,
+                        "decode_variants": {k: {"cache": v[0], "torch_compile": v[1]} for k, v in HF_DECODE.items()
+                                            if k in args.hf_decode}}}
     with torch.inference_mode():
-        t0 = time.perf_counter()
-        out = hf(x, use_cache=True, logits_to_keep=1)
-        ttft = time.perf_counter() - t0
-        cache, tokens, secs = out.past_key_values, [], []
-        tok = int(out.logits[0, -1].argmax())
-        for _ in range(steps + 1):
-            tokens.append(tok)
+        hf(torch.tensor([ids[:args.chunk]]), past_key_values=new_cache("dynamic"), use_cache=True,
+           logits_to_keep=1)                                             # untimed warm-up: one chunk
+        ttft = []
+        for _ in range(args.repeats):
+            cache = new_cache("dynamic")
             t0 = time.perf_counter()
-            out = hf(torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
-            secs.append(time.perf_counter() - t0)
-            cache, tok = out.past_key_values, int(out.logits[0, -1].argmax())
-    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
-               if t is not None)
-    return {"ttft_s": ttft, "tpot_s": statistics.median(secs[1:]), "tokens": tokens, "base_rss": base_rss,
-            "peak_rss": rss_bytes(), "kv_held": held}
+            first = prefill(cache)
+            ttft.append(time.perf_counter() - t0)
+        res["ttft_rounds_s"] = ttft
+        for kind in args.hf_decode:
+            cache = cache if kind == "dynamic" else new_cache(kind)
+            if kind != "dynamic":
+                prefill(cache)
+            fwd = torch.compile(hf.forward, dynamic=False) if HF_DECODE[kind][1] else hf.forward
+            pos = [n]
+
+            def step(t, cache=cache, fwd=fwd, pos=pos):
+                out = fwd(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True,
+                          cache_position=torch.tensor([pos[0]]))
+                pos[0] += 1
+                return int(out.logits[0, -1].argmax())
+            t0 = time.perf_counter()
+            tpot, tokens, warm = _rounds(step, first, args.steps, args.repeats, settle=SETTLE if HF_DECODE[kind][1] else 1)
+            res[f"{kind}_tpot_rounds_s"], res[f"{kind}_tokens"], res[f"{kind}_warmup_rounds"] = tpot, tokens, warm
+            res[f"{kind}_decode_wall_s"] = time.perf_counter() - t0          # with the compile, for the record
+            if kind == "dynamic":
+                res["kv_held"] = sum(t.numel() * t.element_size() for layer in cache.layers
+                                     for t in (layer.keys, layer.values) if t is not None)
+    best = min(args.hf_decode, key=lambda k: statistics.median(res[f"{k}_tpot_rounds_s"]))
+    res.update(tpot_rounds_s=res[f"{best}_tpot_rounds_s"], tokens=res[f"{best}_tokens"], base_rss=base_rss,
+               peak_rss=rss_bytes())
+    res["settings"]["decode_compared"] = best
+    return res
 
 
 def worker(args) -> int:
@@ -120,25 +214,23 @@ def worker(args) -> int:
     tok = sk.load_tokenizer(args.model)
     ids = prompt_ids(tok, args.length)
     fn = run_sparsekv if args.worker == "sparsekv" else run_transformers
-    print("RESULT " + json.dumps(fn(args.model, ids, args.steps, args.chunk)), flush=True)
+    print("RESULT " + json.dumps(fn(args.model, ids, args)), flush=True)
     return 0
 
 
 def prefill_flops(cfg, n: int) -> float:
-    """2 FLOPs per non-embedding weight per token, the last token's LM head, and attention: 4 * Hq * D per (query,
-    key) pair, over every earlier key in a global layer and over at most `window` keys in a sliding one."""
-    from sparsekv.serving.gpu import param_count
-    dense = 2 * (param_count(cfg) - cfg.vocab_size * cfg.dim) * n + 2 * cfg.vocab_size * cfg.dim
-    pairs = 0
-    for w in cfg.layer_windows:
-        pairs += n * (n + 1) // 2 if not w else sum(min(i + 1, w) for i in range(n))
-    return dense + 4 * cfg.n_heads * cfg.head_dim * pairs
+    """The prefill's FLOPs (`floors.prefill_flops`)."""
+    from benchmarks.floors import prefill_flops
+    return prefill_flops(cfg, n)
 
 
-def floors(cfg, n: int, bw: float, rate: float, kv_read: int) -> dict:
+def floors(cfg, n: int, rates, kv_read: int) -> dict:
+    """Decode: the float32 weights and the K/V a step reads over the read bandwidth; prefill: FLOPs over the faster
+    matmul rate (`benchmarks.floors`)."""
+    from benchmarks import floors as fl
     from sparsekv.serving.gpu import param_count
-    return {"prefill_floor_s": prefill_flops(cfg, n) / rate,
-            "decode_floor_s": (param_count(cfg) * 4 + kv_read) / bw}
+    return {"prefill_floor_s": fl.prefill_floor_s(cfg, n, rates),
+            "decode_floor_s": fl.decode_floor_s(param_count(cfg) * 4, kv_read, rates)}
 
 
 def request_peak_mib(c: dict, system: str) -> float:
@@ -184,10 +276,20 @@ def plot(cases: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _spread(d: dict):
+    from benchmarks.repeats import Spread
+    return Spread(d["median"], d["lo"], d["hi"], d["n"])
+
+
 def main(argv=None) -> int:
+    from benchmarks import repeats
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768])
-    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=16, help="greedy decode steps per round")
+    ap.add_argument("--repeats", type=int, default=3, help="timed prefills, and timed decode rounds after an untimed one")
+    ap.add_argument("--hf-decode", nargs="+", default=list(HF_DECODE), choices=list(HF_DECODE),
+                    help="transformers' decode variants (cache class, torch.compile); the fastest is compared")
+    ap.add_argument("--run-kind", default="full run", help="recorded in the JSON (e.g. 'short verification run')")
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--model", type=Path, default=GGUF)
@@ -209,10 +311,11 @@ def main(argv=None) -> int:
         args.lengths, args.steps = [1024, 2048], 4
     torch.set_num_threads(args.threads)
     import sparsekv as sk
-    from benchmarks.bench_cpu_decode import peak_rate, read_bandwidth
+    from benchmarks import floors as fl
     cfg = sk.load_model(args.model).config
-    bw, rate = read_bandwidth(5), peak_rate(5)
-    print(f"this machine: read {bw / 1e9:.1f} GB/s, matmul {rate / 1e9:.0f} GFLOP/s, {args.threads} threads", flush=True)
+    rates = fl.measure(5)
+    print(f"this machine: read {rates.read_Bps / 1e9:.1f} GB/s, matmul {rates.f32_flops / 1e9:.0f} (float32) / "
+          f"{rates.bf16_flops / 1e9:.0f} (bfloat16) GFLOP/s, {args.threads} threads", flush=True)
     cases = []
     for i, n in enumerate(args.lengths):
         case = {"length": n}
@@ -220,7 +323,7 @@ def main(argv=None) -> int:
         for system in order:
             cmd = [sys.executable, "-m", "benchmarks.bench_gemma_speed", "--worker", system, "--length", str(n),
                    "--steps", str(args.steps), "--chunk", str(args.chunk), "--threads", str(args.threads),
-                   "--model", str(args.model)]
+                   "--model", str(args.model), "--repeats", str(args.repeats), "--hf-decode", *args.hf_decode]
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
             try:
                 p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -236,25 +339,38 @@ def main(argv=None) -> int:
                 continue
             for k, v in r.items():
                 case[f"{system}_{k}"] = v
-            print(f"{system} at {n}: TTFT {r['ttft_s']:.1f} s, TPOT {1e3 * r['tpot_s']:.0f} ms, peak RSS "
-                  f"{r['peak_rss'] / 2**30:.2f} GiB, K/V held {r['kv_held'] / 2**20:.0f} MiB", flush=True)
+            for k in ("ttft", "tpot"):               # the median of the rounds, and its spread (benchmarks.repeats)
+                sp = repeats.spread(r[f"{k}_rounds_s"])
+                case[f"{system}_{k}_s"], case[f"{system}_{k}"] = sp.median, sp.as_dict()
+            print(f"{system} at {n}: TTFT {case[f'{system}_ttft_s']:.2f} s, TPOT {1e3 * case[f'{system}_tpot_s']:.1f} ms, "
+                  f"peak RSS {r['peak_rss'] / 2**30:.2f} GiB, K/V held {r['kv_held'] / 2**20:.0f} MiB; {r['settings']}",
+                  flush=True)
         kv_read = case.get("sparsekv_kv_read_per_step", 0)
-        case.update(floors(cfg, n, bw, rate, kv_read))
+        case.update(floors(cfg, n, rates, kv_read))
         if "sparsekv_ttft_s" in case:
             case["sparsekv_ttft_over_floor"] = case["sparsekv_ttft_s"] / case["prefill_floor_s"]
             case["sparsekv_tpot_over_floor"] = case["sparsekv_tpot_s"] / case["decode_floor_s"]
         if "sparsekv_ttft_s" in case and "transformers_ttft_s" in case:
             case["prefill_speedup"] = case["transformers_ttft_s"] / case["sparsekv_ttft_s"]
             case["decode_speedup"] = case["transformers_tpot_s"] / case["sparsekv_tpot_s"]
-            case["same_tokens"] = case["sparsekv_tokens"] == case["transformers_tokens"]
+            for k in ("ttft", "tpot"):               # separate processes: not paired, the intervals' far ends
+                ours, theirs = _spread(case[f"sparsekv_{k}"]), _spread(case[f"transformers_{k}"])
+                sp = repeats.ratio_bounds(theirs, ours)                    # the speed-up: above 1, sparsekv is faster
+                case[f"{'prefill' if k == 'ttft' else 'decode'}_speedup_interval"] = {
+                    **sp.as_dict(), "verdict": repeats.verdict(repeats.ratio_bounds(ours, theirs))}   # sparsekv's
+            a, b = case["sparsekv_tokens"], case["transformers_tokens"]     # a compiled variant may warm up longer:
+            case["same_tokens"] = a[:len(b)] == b[:len(a)]                  # the same greedy path over the common steps
             case["transformers_tpot_over_floor"] = case["transformers_tpot_s"] / case["decode_floor_s"]
+            case["transformers_ttft_over_floor"] = case["transformers_ttft_s"] / case["prefill_floor_s"]
             print(f"  prefill {case['prefill_speedup']:.2f}x, decode {case['decode_speedup']:.2f}x, "
                   f"same greedy tokens: {case['same_tokens']}", flush=True)
         cases.append(case)
     import transformers
-    out = {"date": str(date.today()), "torch": torch.__version__, "transformers": transformers.__version__,
-           "threads": args.threads, "model": args.model.name, "rss": "request peak (VmHWM reset after loading)",
-           "read_bandwidth_Bps": bw, "matmul_flops": rate, "steps": args.steps, "chunk": args.chunk, "cases": cases}
+    out = {"schema": 2, "run_kind": args.run_kind, "date": str(date.today()), "torch": torch.__version__,
+           "transformers": transformers.__version__, "threads": args.threads, "model": args.model.name,
+           "rss": "request peak (VmHWM reset after loading)", **rates.as_dict(), "matmul_flops": rates.flops,
+           "steps": args.steps, "repeats": args.repeats, "interval": repeats.INTERVAL, "noise_margin": repeats.NOISE_MARGIN,
+           "chunk": args.chunk, "hf_decode": args.hf_decode, "cases": cases}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     plot(cases, args.out.with_suffix(".png"))

@@ -151,3 +151,20 @@ def test_the_report_renders_a_run_with_intervals_settings_and_labels(tmp_path):
     assert "| m | 512 | sparsekv_routed | sparsekv_dense | 1.00 MB | 90.0% | 0.0100 | 0.1000 | - |" in text
     assert "| m | 512 | llama.cpp fa1-q8_0 | llama.cpp fa0-f16 | 1.00 MB | 90.0% | 0.0100 | 0.1000 | " \
            "0.80 [0.70-0.90] faster |" in text                                  # routed against the lossy type
+
+
+def test_decode_rounds_discard_warm_up_until_a_compiled_step_settles(monkeypatch):
+    from benchmarks import bench_gemma_speed as g
+    clock = [0.0]
+    monkeypatch.setattr(g.time, "perf_counter", lambda: clock[0])
+    costs = iter([9.0, 9.0, 5.0, 5.0, 1.0, 1.0] + [0.1] * 100)      # compile, recompiles, then steady steps of 0.1 s
+
+    def step(t):
+        clock[0] += next(costs)
+        return t + 1
+    r = g._rounds(step, 0, steps=2, rounds=3, settle=5)
+    assert r.warmup_rounds == 5          # medians 9, 5, 1, 0.1, 0.1: the 5th is the first within 1.5x of the one before
+    assert r.tpot == pytest.approx([0.1, 0.1, 0.1])     # every timed round is steady
+    assert r.tokens == list(range(16))   # 8 rounds of 2 steps, warm-up included
+    plain = g._rounds(lambda t: t, 0, steps=2, rounds=3)
+    assert plain.warmup_rounds == 1 and len(plain.tpot) == 3
