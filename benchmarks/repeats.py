@@ -8,8 +8,9 @@ The benchmarks against peers (`bench_vs_llamacpp`, `bench_gemma_speed`) time eac
                 largest value with probability 1 - 2 * 0.5**n (75% for 3 repeats, 87.5% for 4, 94% for 5): the
                 order-statistic interval for a median, distribution-free. `coverage` carries that number, so a
                 reader sees how much the interval promises;
-    ratio       paired: repeat r of one engine over repeat r of the other (the same round, so drift on a shared
-                machine hits both), then the median and min-max of the n per-round ratios;
+    ratio       paired (`paired_ratio`): repeat r of one engine over repeat r of the other (the same round, so drift on a shared
+                machine hits both), then the median and min-max of the n per-round ratios; for engines timed in
+                separate processes (`ratio_bounds`), the ratio of medians within the intervals' far ends;
     verdict     "faster" only when the ratio's whole interval lies below 1 - margin, "slower" only when it lies
                 above 1 + margin, else "tie": a difference inside the repeats' own spread, or inside the margin
                 (`NOISE_MARGIN`, 5%: what a shared 2-core machine drifts by between runs), is not called.
@@ -58,6 +59,12 @@ def paired_ratio(num: Sequence[float], den: Sequence[float]) -> Spread:
     if len(num) != len(den):
         raise ValueError(f"paired repeats differ in count: {len(num)} and {len(den)}")
     return spread([a / b for a, b in zip(num, den)])
+
+
+def ratio_bounds(num: Spread, den: Spread) -> Spread:
+    """num / den for engines not timed in the same rounds (separate processes): the ratio of the medians, and an
+    interval from the intervals' far ends (num.lo / den.hi to num.hi / den.lo), wider than a paired one."""
+    return Spread(num.median / den.median, num.lo / den.hi, num.hi / den.lo, min(num.n, den.n))
 
 
 def verdict(ratio: Spread, margin: float = NOISE_MARGIN) -> str:
