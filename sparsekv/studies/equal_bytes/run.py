@@ -158,7 +158,8 @@ def documents(cell: Cell, tok) -> list[tasks.Document]:
     """The cell's documents, each checked (`tasks.check`), with its first `cell.questions` questions."""
     out = []
     for seed in cell.seeds():
-        n = min(cell.questions, 3) if cell.task == "common-words" else cell.questions    # its 3 ranks
+        n = {"common-words": min(cell.questions, 3),           # its 3 ranks
+             "multi-value": 3 * cell.questions}.get(cell.task, cell.questions)   # 3 numbers per key, a key a question
         doc = tasks.make(cell.task, tok, cell.length, n, seed=seed)
         tasks.check(doc, tok)
         out.append(dataclasses.replace(doc, questions=doc.questions[:cell.questions]))
