@@ -81,7 +81,7 @@ def test_int8_store_keeps_its_invariants():
 
 def test_int8_store_rejects_what_it_cannot_do():
     with pytest.raises(ValueError, match="kv_bits must be 0"):
-        sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=8, kv_bits=4)
+        sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=8, kv_bits=2)   # 0, 8 and 4 (Int4Codec) exist
     f, sf, q8, sq, k, v = _pair(2, 64, 40)
     with pytest.raises(ValueError, match="int8"):
         sk.dense_attention(torch.randn(2, 64), q8, sq, 0, backend="triton")

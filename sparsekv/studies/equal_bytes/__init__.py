@@ -5,6 +5,6 @@
     analysis   every finished cell as one table: curves with document-level intervals, headline cells from the
                pilot, the contrast table (Holm over the study's family), figures
 
-Notebook 24 is its parameters, narrative and plots; `sweeps/equal_bytes_*.yaml` are its grids; the committed
+Notebook 24 is its parameters, narrative and plots; `sweeps/24_equal_bytes_*.yaml` are its grids; the committed
 results folder is `results/equal_bytes/` (each cell's metrics and rows, never an executed notebook).
 """
