@@ -3,7 +3,7 @@
     make bench-peers                                  # builds llama-cpp-python==0.3.36 from source (~4 min)
     python -m benchmarks.bench_vs_llamacpp            # SmolLM2 (Q4_1 and Q8_0) at 2k and 8k; Gemma 3 270M at 2k-32k
     python -m benchmarks.bench_vs_llamacpp --models smollm2-q8_0 --lengths 512 --steps 4 --repeats 3 \
-        --skip-agreement --skip-profile --run-kind "short verification run" --out /tmp/vs.json      # a short run
+        --skip-agreement --skip-profile --run-kind "short verification run" --out build/vs.json   # a short run
 
 Every peer at its best, its settings recorded. llama.cpp runs in each configuration of `--llama-configs`
 (`llama_peer.CONFIGS`: flash attention off and on, K/V f16 and bf16, and q8_0 as a lossy peer of its own), one
