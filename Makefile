@@ -42,9 +42,12 @@ notebooks: setup model
 smoke: setup model
 	$(PY) -m sparsekv notebooks smoke
 
-# One pytest worker per core (pytest-xdist), each test module whole on one worker and the notebook runs spread one by
-# one (tests/conftest.py); TEST_ARGS passes options, e.g. `make test TEST_ARGS="-n 0"` for one process.
-TEST_ARGS ?= -n auto --dist loadgroup
+# One pytest worker per core plus one (pytest-xdist), each test module whole on one worker and the notebook runs spread
+# one by one (tests/conftest.py): much of a unit's time waits on a kernel's start, Ray or a compiler, and the extra
+# worker fills it (2 cores, 2026-12-05: 659 s against 712 s with one worker per core). TEST_ARGS passes options, e.g.
+# `make test TEST_ARGS="-n 0"` for one process.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
+TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadgroup
 test: setup model
 	$(PY) -m pytest -q $(TEST_ARGS)
 
