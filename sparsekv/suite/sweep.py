@@ -292,7 +292,8 @@ def sweep(notebook: str | Path, grid: Grid, out: str | Path, address: str | None
     jobs = [Job(cell_key(notebook, c, version, pin=grid.pin), notebook, c, grid.threads, grid.gpus)
             for c in grid.cells]
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    (out / "grid.json").write_text(json.dumps({"notebook": str(notebook), "cells": {j.key: j.params for j in jobs},
+    shown = notebook.relative_to(Path.cwd()) if notebook.is_relative_to(Path.cwd()) else notebook   # no machine path
+    (out / "grid.json").write_text(json.dumps({"notebook": str(shown), "cells": {j.key: j.params for j in jobs},
                                                "threads": grid.threads, "gpus": grid.gpus, "pin": grid.pin},
                                               indent=1))
     return run_jobs(jobs, out, address, workers, timeout, progress, desc=f"sweep {notebook.stem}")
