@@ -5,8 +5,6 @@
 """
 from __future__ import annotations
 
-import math
-
 import matplotlib.pyplot as plt
 
 from . import viz
@@ -100,10 +98,6 @@ def contrast_records(table) -> list[dict]:
                     "p (raw)": f"{r.p_raw:.3g}", "p (Holm)": f"{r.p_adj:.3g}",
                     "a only / b only": "" if r.a_only is None else f"{r.a_only} / {r.b_only}", "verdict": r.verdict})
     return out
-
-
-def finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 __all__ = ["style", "curves_figure", "contrast_records"]
