@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.sparsekv-installed
 KERNEL     := $(VENV)/share/jupyter/kernels/sparsekv/kernel.json
 
-.PHONY: setup model notebooks test smoke lab lint clean bench-peers book
+.PHONY: setup model kernels notebooks test smoke lab lint clean bench-peers book
 
 setup: $(STAMP) $(KERNEL)
 
@@ -48,7 +48,12 @@ smoke: setup model
 # `make test TEST_ARGS="-n 0"` for one process.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadgroup
-test: setup model
+# The CPU extension (kernels/cpu_decode.py) for this CPU, built once before the tests rather than by whichever test
+# asks first; a machine without a compiler gets the torch path and a line that says why.
+kernels: setup
+	$(PY) -c "from sparsekv.kernels import cpu_decode as c; print('cpu extension:', 'ready' if c.load() else c.reason())"
+
+test: setup model kernels
 	$(PY) -m pytest -q $(TEST_ARGS)
 
 # The peer of benchmarks/bench_vs_llamacpp.py, never part of `make test`: llama-cpp-python built from its PyPI source

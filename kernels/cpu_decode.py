@@ -20,8 +20,9 @@ It is registered with `torch.library` as `torch.ops.sparsekv_cpu.paged_decode` (
 `route_topk`) and compiled on first use into `build/torch_extensions/` of a source checkout, or into
 `$XDG_CACHE_HOME/sparsekv/torch_extensions` (default `~/.cache/...`) for an installed package, or into
 `SPARSEKV_EXT_DIR` when set; its name carries a hash of every source, header and flag and of the CPU, so an
-edit rebuilds and a build is never loaded on another CPU. If the build fails, `load()` returns None after
-one warning that names the reason, and the torch path runs instead. So it does, without building or loading
+edit rebuilds and a build is never loaded on another CPU. A build runs in a private folder under one flock and
+its library is renamed into place, so a process that loads it finds none or a whole one (`_build`). If the build
+fails, `load()` returns None after one warning that names the reason, and the torch path runs instead. So it does, without building or loading
 anything, when the folder or the library already in it could hold another user's code: writable by the group
 or by everyone, or owned by another uid than this process's (loading a library runs its code).
 
@@ -132,6 +133,39 @@ def _load_built(d: Path, name: str) -> bool:
     return True
 
 
+def _build(d: Path, name: str) -> bool:
+    """Build the library into `d / f"{name}.so"` in one rename, so that a process loading it without a lock
+    (`_load_built`) finds no file or a whole one, never a linker's half-written output (a CI run's notebook kernel
+    died while three test workers started at once on a fresh clone). Builders hold an flock on `d / f"{name}.lock"`,
+    which the kernel releases when a process dies (cpp_extension's own lock file outlives a killed builder): the
+    first builds in a private folder, the others wait, then find its library. True when this call built and loaded
+    it; False when another process had built it meanwhile (load it with `_load_built`)."""
+    import fcntl
+    import shutil
+    import tempfile
+
+    from torch.utils import cpp_extension
+    so = d / f"{name}.so"
+    with open(d / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if so.is_file():
+                return False
+            stage = Path(tempfile.mkdtemp(prefix=f"{name}.build-", dir=d))
+            try:
+                cpp_extension.load(name=name, sources=[str(p) for p in _SOURCES], build_directory=str(stage),
+                                   extra_cflags=cflags(), extra_ldflags=["-fopenmp"], is_python_module=False,
+                                   verbose=False)
+                built = stage / f"{name}.so"            # the linker's mode follows the umask: keep it ours alone
+                built.chmod(stat.S_IMODE(built.stat().st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+                os.replace(built, so)
+            finally:
+                shutil.rmtree(stage, ignore_errors=True)
+            return True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def load():
     """The compiled operator (torch.ops.sparsekv_cpu.paged_decode), or None if it cannot be built or its folder
     is not private to this user (`_refuse_shared`)."""
@@ -143,16 +177,11 @@ def load():
             _state["reason"] = "SPARSEKV_NO_EXT is set"
         else:
             try:
-                from torch.utils import cpp_extension
                 d, name = build_dir(), _name()
                 d.mkdir(mode=0o755, parents=True, exist_ok=True)          # not group-writable under umask 002
                 _refuse_shared(d)
-                if not _load_built(d, name):
-                    cpp_extension.load(name=name, sources=[str(p) for p in _SOURCES], build_directory=str(d),
-                                       extra_cflags=cflags(), extra_ldflags=["-fopenmp"], is_python_module=False,
-                                       verbose=False)
-                    so = d / f"{name}.so"                  # the linker's mode follows the umask: keep it ours alone
-                    so.chmod(stat.S_IMODE(so.stat().st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+                if not _load_built(d, name) and not _build(d, name) and not _load_built(d, name):
+                    raise OSError(f"{d / (name + '.so')} was built by another process but does not load")
                 op = torch.ops.sparsekv_cpu.paged_decode
             except Exception as exc:      # no compiler, headers or OpenMP, or a shared folder: fall back, say why once
                 _state["reason"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"

@@ -621,3 +621,37 @@ def test_the_loader_keeps_what_it_builds_private(monkeypatch, tmp_path):
         os.umask(old)
         cpu_decode._state.clear()
         cpu_decode._state.update(saved)
+
+
+def test_a_build_appears_whole_or_not_at_all(monkeypatch, tmp_path):
+    """A process loading without a lock (`_load_built`) must never find a half-written library: the build runs in a
+    private folder and its library is renamed into place; a lock file a killed builder left behind blocks nothing
+    (flock dies with its process); a library another process finished while this one waited is loaded, not rebuilt."""
+    import fcntl
+
+    from torch.utils import cpp_extension
+    saved = dict(cpu_decode._state)
+    d = tmp_path / "ext"
+    d.mkdir(mode=0o700)
+    name = cpu_decode._name()
+    (d / f"{name}.lock").write_text("")                                  # left by a builder that was killed
+    seen = []
+
+    def build(name, build_directory, **kw):
+        assert Path(build_directory) != d and Path(build_directory).parent == d
+        seen.append(sorted(p.name for p in d.iterdir() if p.suffix == ".so"))     # nothing at the final name yet
+        (Path(build_directory) / f"{name}.so").write_bytes(b"\x7fELF" + bytes(64))
+    try:
+        cpu_decode._state.clear()
+        monkeypatch.setenv("SPARSEKV_EXT_DIR", str(d))
+        monkeypatch.setattr(cpp_extension, "load", build)
+        assert cpu_decode.load() is not None                            # the op this process already holds
+        assert seen == [[]]
+        assert sorted(p.name for p in d.iterdir()) == [f"{name}.lock", f"{name}.so"]  # the private folder is gone
+        with open(d / f"{name}.lock") as f:                              # and the lock is free
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("built what another had built"))
+        assert cpu_decode._build(d, name) is False                     # found whole under the lock: not rebuilt
+    finally:
+        cpu_decode._state.clear()
+        cpu_decode._state.update(saved)

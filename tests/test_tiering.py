@@ -288,7 +288,11 @@ def rows(position: int, token: int, layers=2, H=2, D=4):
 
 
 class TieredMachine(RuleBasedStateMachine):
-    """A prefix-cached store with 3 hot tiles per layer over 20 blocks, against a shadow of token lists."""
+    """A prefix-cached store with 3 hot tiles per layer over 20 blocks, against a shadow of token lists.
+
+    The cold file goes through the page cache (`cold_direct=False`): the records, tags and generations are the same,
+    and O_DIRECT's own reads are tested above and in the engine's tests. With O_DIRECT, the invariant's reads of
+    every block after every operation took 0.6 ms each on this machine's disk: 12 of 27 s per 1,000 operations."""
 
     runs, checks = 0, 0
 
@@ -297,7 +301,8 @@ class TieredMachine(RuleBasedStateMachine):
         import tempfile
         self.dir = tempfile.TemporaryDirectory()
         self.store = sk.BlockStore(sk.StoreConfig(num_layers=2, num_kv_heads=2, head_dim=4, block_size=2,
-                                                  num_blocks=20, cold_dir=self.dir.name, hot_blocks=3))
+                                                  num_blocks=20, cold_dir=self.dir.name, hot_blocks=3,
+                                                  cold_direct=False))
         self.cache = sk.PrefixCache(self.store)
         self.live = {}                     # seq_id -> (Sequence, token list)
         type(self).runs += 1
