@@ -346,3 +346,18 @@ def test_bad_input_names_the_argument():
         cs.holm([0.1, 1.2])
     with pytest.raises(ValueError, match="reps must be an int >= 100"):
         cs.accuracy(y, docs, reps=10)
+
+
+def test_agreement_on_every_question_makes_no_claim_and_says_why():
+    """Two methods that answer every question alike have no variance across documents: the SE route cannot bound
+    the difference, so neither non-inferiority nor equivalence is claimed, and the verdict names the reason."""
+    a = np.array([1.0, 0.0, 1.0, 1.0] * 30)
+    docs = np.repeat(np.arange(30), 4)
+    ni = cs.noninferiority(a, a.copy(), docs, 0.05)
+    eq = cs.equivalence(a, a.copy(), docs, 0.05)
+    assert ni.p == 1.0 and not ni.non_inferior and eq.p == 1.0
+    assert cs.verdict(ni) == "not shown non-inferior within 5 points (p = 1; no variance across documents to test)"
+    assert cs.verdict(eq).endswith("(p = 1; no variance across documents to test)")
+    b = a.copy()
+    b[0] = 0.0                                                          # one discordant question: variance to test
+    assert "no variance" not in cs.verdict(cs.noninferiority(a, b, docs, 0.05))

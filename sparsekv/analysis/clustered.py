@@ -500,12 +500,13 @@ def verdict(result: Difference | NonInferiority | Equivalence, *, alpha: float =
             return (f"direction unclear: the test ({result.test}) and the mean over questions point different "
                     f"ways ({shown})")
         return f"{'higher' if sign > 0 else 'lower'} ({shown})"
+    why = "; no variance across documents to test" if getattr(result, "note", "") == _DEGENERATE else ""
     if isinstance(result, NonInferiority):
         within = f"non-inferior within {_fmt_margin(result.margin, result.binary, unit)}"
-        return f"{within} ({shown})" if p < alpha else f"not shown {within} ({shown})"
+        return f"{within} ({shown})" if p < alpha else f"not shown {within} ({shown}{why})"
     if isinstance(result, Equivalence):
         within = f"equivalent within ±{_fmt_margin(result.margin, result.binary, unit)}"
-        return f"{within} ({shown})" if p < alpha else f"not shown {within} ({shown})"
+        return f"{within} ({shown})" if p < alpha else f"not shown {within} ({shown}{why})"
     raise TypeError(f"result must be a Difference, NonInferiority or Equivalence, got {type(result).__name__}")
 
 
@@ -566,6 +567,8 @@ class ContrastRow:
     a_only: int | None                               # discordant counts (binary outcomes)
     b_only: int | None
     verdict: str
+    n_questions: int = 0                             # paired questions behind the estimate
+    n_docs: int = 0                                  # documents they come from (the unit of replication)
 
 
 class ContrastPlan:
@@ -652,7 +655,8 @@ class ContrastPlan:
             results.append((c, r, level))
         adjusted = holm([r.p for _, r, _ in results])
         rows = tuple(ContrastRow(c.name, c.kind, c.method_a, c.method_b, c.margin, r.estimate, r.lo, r.hi, level, r.p,
-                                 float(q), r.a_only, r.b_only, verdict(r, alpha=self.alpha, p=float(q), unit=c.unit))
+                                 float(q), r.a_only, r.b_only, verdict(r, alpha=self.alpha, p=float(q), unit=c.unit),
+                                 r.n_questions, r.n_docs)
                      for (c, r, level), q in zip(results, adjusted))
         return ContrastTable(self, rows)
 
