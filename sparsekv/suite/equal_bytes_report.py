@@ -2,6 +2,7 @@
 
     curves_figure(curves, model, length, task, path)   two panels (bytes read, bytes held), a line per method line,
                                                        document-level 95% intervals as error bars
+    finding(table, cell)                               the title line: verdicts of the cell's declared contrasts
 """
 from __future__ import annotations
 
@@ -50,11 +51,13 @@ def _panel_lines(lines, row: str) -> list[str]:
                     or "/" not in x and not x.endswith("dense")]
 
 
-def curves_figure(curves, model: str, length: int, task: str, path=None, title: str | None = None):
+def curves_figure(curves, model: str, length: int, task: str, path=None, title: str | None = None,
+                  finding: str | None = None):
     """Accuracy against bytes read (left) and held (right), both as shares of a bf16 dense cache on a log axis; one
     line per method line in knob order, with 95% intervals over documents. Top row: the routers over exact blocks
     (dashed: the question routed too) and the oracle (charged for the blocks it selects only). Bottom row: halves and
-    mean/8 beside the same over int8/int4 blocks, the presses and HQQ. Returns the figure."""
+    mean/8 beside the same over int8/int4 blocks, the presses and HQQ. finding: a first title line that states what
+    the cell's tested contrasts found (`finding`). Returns the figure."""
     c = curves[(curves["model"] == model) & (curves["length"] == length) & (curves["task"] == task)]
     if c.empty:
         raise ValueError(f"curves has no rows for {model} at {length} tokens on {task!r}")
@@ -81,12 +84,27 @@ def curves_figure(curves, model: str, length: int, task: str, path=None, title: 
         handles, labels = axes[r, 0].get_legend_handles_labels()
         axes[r, 1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
                           title="method line")
-    fig.suptitle(title or f"{model}, {length:,} tokens, {task}: accuracy against bytes read and held\n"
-                           f"({docs} document{'s' * (docs != 1)} or more per point; 95% intervals over documents)",
-                 fontsize=11)
+    what = f"{model}, {length:,} tokens, {task}"
+    sample = f"{docs} document{'s' * (docs != 1)} or more per point; 95% intervals over documents"
+    fig.suptitle(title or (f"{finding}\n{what} ({sample})" if finding else
+                           f"{what}: accuracy against bytes read and held\n({sample})"), fontsize=11)
     if path is not None:
         viz.save(fig, path)
     return fig
+
+
+FINDING_CONTRASTS = ("halves@0.125 no worse than dense", "halves vs HQQ-4 at matched bytes read",
+                     "int4 halves vs HQQ-4 at matched bytes held")    # declared with the design, never picked on results
+
+
+def finding(table, cell: str) -> str | None:
+    """One line for a figure title: the verdicts of `cell`'s FINDING_CONTRASTS in a tested contrast table (Holm
+    p), or None when the table has none of them (too few documents)."""
+    if table is None:
+        return None
+    rows = {r.name.split(": ", 1)[1]: r for r in table if r.name.startswith(f"{cell}: ")}
+    said = [f"{what}: {rows[what].verdict}" for what in FINDING_CONTRASTS if what in rows]
+    return "; ".join(said) or None
 
 
 def contrast_records(table) -> list[dict]:
@@ -100,4 +118,4 @@ def contrast_records(table) -> list[dict]:
     return out
 
 
-__all__ = ["style", "curves_figure", "contrast_records"]
+__all__ = ["style", "curves_figure", "finding", "contrast_records"]
