@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -130,6 +131,16 @@ class Checks(dict):
         return "\n".join(lines)
 
 
+def _peak_rss_mib() -> float | None:
+    """This process's peak resident set size in MiB (getrusage; KiB on Linux, bytes on macOS), None elsewhere."""
+    try:
+        import resource
+    except ImportError:                    # not POSIX
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
 def write_metrics(path: str | Path, notebook: str, metrics: dict, checks: dict[str, Check],
                   kinds: dict[str, str] | None = None, headline: list[str] | tuple = (),
                   gate_timing: bool = True) -> dict:
@@ -165,6 +176,7 @@ def write_metrics(path: str | Path, notebook: str, metrics: dict, checks: dict[s
     record = {"notebook": notebook, "metrics": clean, "kinds": {n: kinds[n] for n in clean},
               "headline": list(headline), "gate_timing": bool(gate_timing),
               "cpu_paths": cpu_paths.taken(),       # CPU-gated paths this process ran (core.cpu_paths: none in smokes)
+              "peak_rss_mib": _peak_rss_mib(),      # this process's peak resident memory so far (the notebook's kernel)
               "checks": {k: {**asdict(c), "passed": c.passed, "gated": c.role != "hypothesis" and (gate_timing or not c.timing)}
                          for k, c in checks.items()}}
     path = Path(path)
