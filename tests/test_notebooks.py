@@ -191,3 +191,23 @@ def test_smoke_baselines_hold_under_another_cpu_configuration(stem, tmp_path):
                              env=env)
     assert run.status == "ok", run.error
     assert_matches_baseline(stem, run, tmp_path, note=f"\n(under the alt CPU configuration: {env})")
+
+
+# How every course notebook opens (issue 56): the question, what the reader learns, the protocol, then the hypotheses
+# stated before the run, in at most about 300 words before the first code cell. Where the hypotheses are longer than
+# that leaves room for, they are the first cell after the parameters cell, and the opening says so.
+OPENING_WORDS = 300
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_notebook_opens_with_its_question_lesson_protocol_and_hypotheses(path):
+    cells = json.loads(path.read_text())["cells"]
+    first_code = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
+    opening = "\n".join("".join(c["source"]) for c in cells[:first_code])
+    assert opening.startswith(f"# {path.stem[:2]} · "), "the opening starts with the notebook's number and title"
+    for part in ("**Question", "**What you will learn", "**Protocol"):
+        assert part in opening, f"{path.stem}: the opening has no {part}** section"
+    assert len(opening.split()) <= OPENING_WORDS, f"{path.stem}: {len(opening.split())} words before the first code"
+    after = "".join(cells[first_code + 1]["source"]) if cells[first_code + 1]["cell_type"] == "markdown" else ""
+    assert "**Hypotheses" in opening or ("hypotheses stated before" in opening and "ypotheses" in after), (
+        f"{path.stem}: no hypotheses stated before the run, in the opening or right after the parameters cell")
