@@ -7,7 +7,8 @@ below; each subpackage's docstring states its number):
     the runtime   0 kernels < 1 core < 2 storage < 3 routing < 4 attention < 5 model < 6 serving
     research      7 analysis, recall, methods (the instruments and what a study compares; siblings that do not
                   import each other)
-                  < 8 studies (one module per notebook or benchmark) < 9 suite (the runner, findings, explorers, viz)
+                  < 8 studies (one module per notebook or benchmark, and the findings' prose)
+                  < 9 suite (the runner, the findings page, explorers, viz)
 
 The runtime never imports the research side, at module level or inside a function.
 """

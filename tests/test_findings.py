@@ -42,6 +42,22 @@ def test_a_missing_metric_is_named():
         f.render({"00_tour": {}})
 
 
+def test_the_catalog_lists_every_notebook_module_once():
+    """The page's findings are the notebook modules' (studies/findings/nNN_*.py, archive/ included), each listed once
+    in the catalog and concatenated in its order: a module the catalog forgets would never reach the page."""
+    import importlib
+    import pathlib
+
+    from sparsekv.studies.findings import catalog
+    folder = pathlib.Path(catalog.__file__).parent
+    names = sorted(p.relative_to(folder).with_suffix("").as_posix().replace("/", ".") for p in folder.rglob("n[0-9]*.py"))
+    modules = [importlib.import_module(f"sparsekv.studies.findings.{n}") for n in names]
+    # every notebook module, once
+    assert sorted(m.__name__ for m in catalog.NOTEBOOKS) == sorted(m.__name__ for m in modules)
+    # and the page's findings are theirs, in the catalog's order
+    assert list(findings.FINDINGS) == [f for m in catalog.NOTEBOOKS for f in m.FINDINGS]
+
+
 def test_benchmark_page_tables_match_the_committed_results():
     """docs/benchmarks.md's tables are rendered from benchmarks/results (loaded by path: the repository
     root never goes on sys.path, where its kernels/ folder would shadow the PyPI `kernels` package)."""

@@ -189,7 +189,7 @@ class Study:
         """The most accurate method of one kind on `task`, on the questions every method answered (`acc_shared`), or
         None when the run has none: "router" (a router under the run's rule over exact blocks, the oracle aside),
         "press" (a kvpress press) or "quantiser" (an HQQ cache). Ties go to the name last in alphabetical order, the
-        rule `suite.findings` words the best router and press by, so docs/findings.md names the methods tested here."""
+        rule `studies.findings` words the best router and press by, so docs/findings.md names the methods tested here."""
         kinds = {"router": [f"{s}@{self.config.budget}" for s in self.config.scorers if s != "oracle"],
                  "press": [m.name for m in self.lossy if m.family == "evict"],
                  "quantiser": [m.name for m in self.lossy if m.family == "quant"]}
