@@ -15,7 +15,6 @@ from . import (
     n11_serving_agents,
     n12_hybrid_long_context,
     n13_routers,
-    n16_router_halves,
     n18_two_turn_dialogues,
     n22_tail_loss,
 )
@@ -23,6 +22,7 @@ from .archive import (
     n09_lossless_vs_lossy,
     n14_paired_questions,
     n15_paired_questions_gemma,
+    n16_router_halves,
     n17_paired_questions_gemma_8k,
     n19_question_rule,
     n20_paired_questions_gemma_16k,
@@ -51,7 +51,7 @@ NOTEBOOKS = (
     n19_question_rule,                  # (archived)
     n20_paired_questions_gemma_16k,     # (archived)
     n21_task_family_gemma,              # (archived)
-    n16_router_halves,
+    n16_router_halves,                  # (archived)
     n22_tail_loss,                      # tail loss of every family
     n23_tail_loss_gemma_8k,             # (archived)
 )

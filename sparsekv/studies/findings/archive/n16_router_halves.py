@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .finding import Finding, Metrics, paired_word
+from ..finding import Finding, Metrics, paired_word
 
 N16 = "16_router_halves"
 
