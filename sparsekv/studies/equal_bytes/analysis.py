@@ -39,6 +39,14 @@ def load_rows(*folders) -> "pd.DataFrame":
     return df.drop_duplicates(["model", "length", "task", "split", "doc", "question", "method"], keep="last")
 
 
+def load_fast_memory(folder) -> "pd.DataFrame":
+    """Every fast-memory row (`fast_memory.run_document`, `fast_memory_*.csv` under `folder`), one DataFrame; empty
+    when there are none (or `folder` is "" or missing)."""
+    import pandas as pd
+    files = sorted(Path(folder).rglob("fast_memory_*.csv")) if folder and Path(folder).is_dir() else []
+    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+
+
 def dense_cells(pilot, threshold: float = dz.HEADLINE_MIN) -> "pd.DataFrame":
     """Per (model, length, task) of the pilot rows: sparsekv dense's accuracy (pooled over questions), its cluster
     bootstrap 95% interval, documents, questions, and "headline" (accuracy >= threshold)."""
