@@ -121,3 +121,24 @@ def test_question_aware_snapkv_on_smollm2_keeps_the_reference_s_top_and_answers_
     rest = [q.ids[-1]] + q.answer[:-1]
     one_pass = peers.feed(hf, copy.deepcopy(cache), rest, T)
     assert torch.allclose(one_pass, _decode_steps(hf, copy.deepcopy(cache), rest, T), atol=1e-3, rtol=0)
+
+
+def test_a_new_press_is_one_class_in_one_file(tiny_llama_hf):
+    """Adding a press to the study: tests/toy_press.py (one class) and one `register_press` call; then a method names
+    it, its cache comes from the same prefill as every other peer's, and its bytes from the byte model."""
+    from toy_press import KeepRecentPress
+
+    from sparsekv import methods as mt
+    from sparsekv.studies.equal_bytes import run as rn
+    peers.register_press(KeepRecentPress)
+    assert peers.register_press(KeepRecentPress) is KeepRecentPress          # the same class again: no change
+    (m,) = mt.presses(["KeepRecentPress"], [0.25])
+    ids = list(range(1, 81))
+    cache = peers.prefill_caches(tiny_llama_hf, ids, [rn._peer(m)])[m.name]
+    dense = peers.prefill_caches(tiny_llama_hf, ids, [peers.PeerMethod("d", "dense")])["d"]
+    mask = press_reference.kept_mask(dense, cache)                          # (layers, kv heads, 80)
+    assert mask[..., -20:].all() and not mask[..., :-20].any()              # a quarter of 80 kept: the newest 20
+    with pytest.raises(ValueError, match="is taken"):
+        peers.register_press(type("SnapKVPress", (KeepRecentPress,), {}))
+    with pytest.raises(ValueError, match="press must name a kvpress press or a registered one"):
+        peers.make_press(peers.PeerMethod("x", "evict", press="NoSuchPress", ratio=0.5))

@@ -83,11 +83,32 @@ def hf_model(folder: str | Path):
                                                 attn_implementation="sdpa").eval()
 
 
-def make_press(method: PeerMethod):
+PRESSES: dict[str, type] = {}     # presses beside kvpress's own, by class name (`register_press`)
+
+
+def register_press(cls: type) -> type:
+    """Make a press class nameable by a method (`methods.presses([cls.__name__], ...)`): one class in one file, a
+    kvpress `BasePress` (a `ScorerPress` subclass needs only its `score`) taking `compression_ratio`. Returns `cls`,
+    so it works as a decorator. Nothing registers on import: call it where the press is defined or used. A name
+    kvpress already uses, or one registered to another class, is a ValueError."""
     import kvpress
-    if not hasattr(kvpress, method.press):
-        raise ValueError(f"press must name a kvpress press, got {method.press!r}")
-    return getattr(kvpress, method.press)(compression_ratio=method.ratio)
+    if not isinstance(cls, type) or not issubclass(cls, kvpress.BasePress):
+        raise TypeError(f"cls must be a kvpress.BasePress subclass, got {cls!r}")
+    name = cls.__name__
+    if hasattr(kvpress, name) or PRESSES.get(name, cls) is not cls:
+        raise ValueError(f"press name {name!r} is taken (by kvpress or another registered press)")
+    PRESSES[name] = cls
+    return cls
+
+
+def make_press(method: PeerMethod):
+    """The method's press at its ratio: a registered press (`register_press`), else kvpress's class of that name."""
+    import kvpress
+    cls = PRESSES.get(method.press) or getattr(kvpress, method.press, None)
+    if not isinstance(cls, type) or not issubclass(cls, kvpress.BasePress):
+        raise ValueError(f"press must name a kvpress press or a registered one ({sorted(PRESSES)}), "
+                         f"got {method.press!r}")
+    return cls(compression_ratio=method.ratio)
 
 
 def global_layers(config) -> list[int] | None:
