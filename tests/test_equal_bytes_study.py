@@ -224,3 +224,16 @@ def test_the_course_run_reads_the_committed_results_without_running_a_cell(tmp_p
     assert metrics["headline_cells"] == int(an.dense_cells(pilot)["headline"].sum())
     drawn = {p.name for p in (tmp_path / "figures").glob("24_curves_*.png")}
     assert len(drawn) == study.groupby(an.KEYS).ngroups
+
+
+def test_matched_bytes_ties_go_to_the_smaller_share_in_any_order():
+    """int4 blocks hold the same bytes at every share, so the held match is a tie among them: the declared rule
+    (the smaller share) decides it, never the order the methods arrive in (a set's order moved with the hash seed
+    and changed which point faced HQQ-4 from one run to the next)."""
+    import itertools
+
+    from sparsekv.studies.equal_bytes import design as dz
+    pts = {"int4 halves/16@0.25": 0.328, "int4 halves/16@0.0625": 0.328, "int4 halves/16@0.125": 0.328}
+    for order in itertools.permutations(pts):
+        assert dz._nearest({k: pts[k] for k in order}, 0.33) == "int4 halves/16@0.0625"
+    assert dz._nearest({"halves/16@0.25": 0.31, "halves/16@0.125": 0.19}, 0.33) == "halves/16@0.25"

@@ -74,6 +74,11 @@ def render(root: str | Path = ".") -> str:
         lines.append(f"| {what} | {_bytes(nbytes, r.method_a)} | {_bytes(nbytes, r.method_b)} | {_points(r.estimate)} "
                      f"| [{_points(r.lo)}, {_points(r.hi)}] | {r.n_docs} | {r.p_raw:.2g} | {r.p_adj:.2g} | "
                      f"{r.verdict} |")
+    alpha = table.plan.alpha
+    shown = [f"{r.name.split(': ', 1)[1]} ({r.verdict.split(' (')[0]})" for r in rows if r.p_adj < alpha]
+    not_shown = [r.name.split(": ", 1)[1] for r in rows if r.p_adj >= alpha]
+    lines += ["", f"Shown at Holm-adjusted p < {alpha:g}: {'; '.join(shown) or 'nothing'}. "
+              f"Not shown (no claim either way): {'; '.join(not_shown) or 'nothing'}."]
     return "\n".join(lines)
 
 

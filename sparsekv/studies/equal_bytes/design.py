@@ -95,9 +95,20 @@ def pilot() -> Design:
                   routed_scorers=())
 
 
+def _knob(name: str) -> float:
+    """A router method's share from its name ("int4 halves/16@0.0625" -> 0.0625); inf for a name without one."""
+    head, at, tail = name.rpartition("@")
+    try:
+        return float(tail) if at else float("inf")
+    except ValueError:
+        return float("inf")
+
+
 def _nearest(points: dict, target: float) -> str | None:
-    """The name among `points` (name -> bytes share) nearest `target`; ties to the smaller share."""
-    return min(points, key=lambda n: (abs(points[n] - target), points[n])) if points else None
+    """The name among `points` (name -> bytes share) nearest `target`; ties to the smaller share read per step (the
+    method's knob), then to the name, so that the choice never depends on the order of `points` (int4 blocks hold
+    the same bytes at every share: the held match is decided by this rule alone)."""
+    return min(points, key=lambda n: (abs(points[n] - target), _knob(n), n)) if points else None
 
 
 def contrasts(cell: str, nbytes: dict[str, dict], design: Design = Design()) -> list[Contrast]:
