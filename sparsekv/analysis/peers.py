@@ -83,7 +83,7 @@ def hf_model(folder: str | Path):
                                                 attn_implementation="sdpa").eval()
 
 
-PRESSES: dict[str, type] = {}     # presses beside kvpress's own, by class name (`register_press`)
+REGISTERED_PRESSES: dict[str, type] = {}     # presses beside kvpress's own, by class name (`register_press`)
 
 
 def register_press(cls: type) -> type:
@@ -95,18 +95,18 @@ def register_press(cls: type) -> type:
     if not isinstance(cls, type) or not issubclass(cls, kvpress.BasePress):
         raise TypeError(f"cls must be a kvpress.BasePress subclass, got {cls!r}")
     name = cls.__name__
-    if hasattr(kvpress, name) or PRESSES.get(name, cls) is not cls:
+    if hasattr(kvpress, name) or REGISTERED_PRESSES.get(name, cls) is not cls:
         raise ValueError(f"press name {name!r} is taken (by kvpress or another registered press)")
-    PRESSES[name] = cls
+    REGISTERED_PRESSES[name] = cls
     return cls
 
 
 def make_press(method: PeerMethod):
     """The method's press at its ratio: a registered press (`register_press`), else kvpress's class of that name."""
     import kvpress
-    cls = PRESSES.get(method.press) or getattr(kvpress, method.press, None)
+    cls = REGISTERED_PRESSES.get(method.press) or getattr(kvpress, method.press, None)
     if not isinstance(cls, type) or not issubclass(cls, kvpress.BasePress):
-        raise ValueError(f"press must name a kvpress press or a registered one ({sorted(PRESSES)}), "
+        raise ValueError(f"press must name a kvpress press or a registered one ({sorted(REGISTERED_PRESSES)}), "
                          f"got {method.press!r}")
     return cls(compression_ratio=method.ratio)
 

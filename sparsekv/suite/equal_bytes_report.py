@@ -151,13 +151,13 @@ FINDING_CONTRASTS = ("halves@0.125 no worse than dense", "halves vs HQQ-4 at mat
 
 
 def finding(table, cell: str) -> str | None:
-    """One line for a figure title: the verdicts of `cell`'s FINDING_CONTRASTS in a tested contrast table (Holm
-    p), or None when the table has none of them (too few documents)."""
+    """The first lines of a figure title, one per contrast: the verdicts of `cell`'s FINDING_CONTRASTS in a tested
+    contrast table (Holm p), or None when the table has none of them (too few documents)."""
     if table is None:
         return None
     rows = {r.name.split(": ", 1)[1]: r for r in table if r.name.startswith(f"{cell}: ")}
     said = [f"{what}: {rows[what].verdict}" for what in FINDING_CONTRASTS if what in rows]
-    return "; ".join(said) or None
+    return "\n".join(said) or None
 
 
 def contrast_records(table) -> list[dict]:
