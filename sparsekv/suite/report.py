@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import operator
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -132,13 +131,17 @@ class Checks(dict):
 
 
 def _peak_rss_mib() -> float | None:
-    """This process's peak resident set size in MiB (getrusage; KiB on Linux, bytes on macOS), None elsewhere."""
+    """This process's peak resident set size in MiB: VmHWM from /proc/self/status (Linux: the high-water mark of
+    this process image, reset at exec), else None. getrusage's ru_maxrss is not used: Linux carries it across exec, so
+    a kernel started by a large pytest worker reported the worker's peak as its own."""
     try:
-        import resource
-    except ImportError:                    # not POSIX
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)          # kB
+    except OSError:
+        pass
+    return None
 
 
 def write_metrics(path: str | Path, notebook: str, metrics: dict, checks: dict[str, Check],
