@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..studies.findings.catalog import FINDINGS
 from ..studies.findings.finding import Finding, Metrics
+from . import generated
 
 __all__ = ["END", "FINDINGS", "PAGE", "START", "Finding", "Metrics", "load", "main", "render", "section", "update"]
 
@@ -44,20 +45,12 @@ def render(figures: Path) -> str:
 
 def section(page_text: str) -> str:
     """The findings section of a page (between the markers)."""
-    if START not in page_text or END not in page_text:
-        raise ValueError(f"the page has no findings markers ({START!r} ... {END!r})")
-    return page_text.split(START, 1)[1].split(END, 1)[0].strip("\n")
+    return generated.section(page_text, START, END, "findings")
 
 
 def update(page: Path, figures: Path) -> bool:
     """Re-render the section in place; True when it changed."""
-    text = page.read_text()
-    new = render(figures)
-    if section(text) == new:
-        return False
-    head, rest = text.split(START, 1)
-    page.write_text(head + START + "\n" + new + "\n" + END + rest.split(END, 1)[1])
-    return True
+    return generated.replace(page, START, END, render(figures), "findings")
 
 
 def main(argv: list[str] | None = None) -> int:
