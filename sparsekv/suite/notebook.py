@@ -38,6 +38,28 @@ def kernel_name() -> str:
     return KERNEL if KERNEL in KernelSpecManager().find_kernel_specs() else "python3"
 
 
+def _ipc_kernel_manager():
+    """A kernel manager whose kernel talks over IPC sockets in a folder of its own. Over TCP, the manager picks free
+    ports, releases them, and the kernel binds them later: kernels started at once by parallel test workers can pick
+    the same port (a CI run's kernel died on "Address already in use" before replying to kernel_info). A socket path
+    under a unique folder cannot collide; the folder is removed with the manager."""
+    import shutil
+    import tempfile
+    import weakref
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, **kw):
+            folder = tempfile.mkdtemp(prefix="sparsekv-kernel-")
+            kw.setdefault("transport", "ipc")
+            kw.setdefault("ip", os.path.join(folder, "k"))
+            super().__init__(**kw)
+            weakref.finalize(self, shutil.rmtree, folder, True)
+
+    return IPCKernelManager
+
+
 def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | None = None,
                  timeout: int = 1800, env: dict[str, str] | None = None) -> NotebookRun:
     """Execute one notebook with papermill; never raises for a notebook failure.
@@ -66,7 +88,8 @@ def run_notebook(path: Path, out_dir: Path, figures_dir: Path, params: dict | No
     try:
         os.environ.update(env or {})
         pm.execute_notebook(str(path), str(executed), parameters=parameters, kernel_name=kernel_name(),
-                            cwd=str(path.parent), execution_timeout=timeout, progress_bar=False)
+                            cwd=str(path.parent), execution_timeout=timeout, progress_bar=False,
+                            **({"kernel_manager_class": _ipc_kernel_manager()} if os.name == "posix" else {}))
         status, error, detail = "ok", "", ""
     except Exception as exc:  # papermill raises PapermillExecutionError with the cell's traceback
         status, error = "failed", _short_error(exc)
