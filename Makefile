@@ -14,9 +14,14 @@ setup: $(STAMP) $(KERNEL)
 $(PY):
 	python3 -m venv $(VENV)
 
+# The rest through uv, which resolves the same versions as pip (compared on 2026-12-05: identical `pip freeze`) and
+# downloads in parallel: 29 s against pip's 174 s for the package and its ~180 dependencies, cache empty (issue 52).
+# uv leaves the installed torch in place (the package's torch range admits it), so no CUDA build is pulled.
+UV_SPEC    ?= uv==0.13.9
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
-	$(PY) -m pip install --quiet -e ".[notebooks,dev,hf,kernels,peers,sweep,book]"
+	$(PY) -m pip install --quiet $(UV_SPEC)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -e ".[notebooks,dev,hf,kernels,peers,sweep,book]"
 	touch $(STAMP)
 
 # Registered inside the venv (--sys-prefix), so nothing is written to the user's home.
