@@ -59,3 +59,26 @@ def test_at_the_documents_needed_the_table_is_the_design_s_contrasts_in_declared
 def test_a_page_without_markers_is_named():
     with pytest.raises(ValueError, match="no results markers"):
         frontpage.section("no markers here")
+
+
+def test_the_other_headline_cells_are_each_named_with_their_verdicts_or_what_they_owe(tmp_path):
+    """Every headline cell of the pilot but the front one gets one clause, in the pilot's order: its contrasts'
+    verdicts from the same Holm family as the table when it has them, else its documents of those owed."""
+    root = _root_with(tmp_path, an.MIN_DOCS)
+    pilot = an.dense_cells(an.load_rows(root / frontpage.PILOT))
+    others = [an.cell_name(m, int(n), t) for m, n, t, h in pilot[["model", "length", "task", "headline"]].values
+              if h and (m, int(n), t) != frontpage.FRONT_CELL]
+    last = frontpage.render(root).splitlines()[-1]
+    assert others and all(f"**{c}**: owed (0 of {an.MIN_DOCS} documents run)" in last for c in others)
+    assert [last.index(f"**{c}**") for c in others] == sorted(last.index(f"**{c}**") for c in others)
+    # the committed rows: a cell with enough documents lists exactly its contrasts shown at Holm p < alpha
+    study = an.load_rows(REPO / frontpage.STUDY)
+    table = an.contrast_table(study, an.dense_cells(an.load_rows(REPO / frontpage.PILOT)))
+    line = frontpage.render(REPO).splitlines()[-1]
+    for cell in {r.name.split(": ", 1)[0] for r in table.rows} - {an.cell_name(*frontpage.FRONT_CELL)}:
+        rows = [r for r in table.rows if r.name.startswith(f"{cell}: ")]
+        clause = line.split(f"**{cell}**", 1)[1].split("; **", 1)[0]
+        assert f"({rows[0].n_docs} documents, {len(rows)} contrasts)" in clause
+        for r in rows:
+            assert (r.name.split(": ", 1)[1] + " (" in clause) == (r.p_adj < table.plan.alpha)
+        assert f"{sum(r.p_adj >= table.plan.alpha for r in rows)} not shown" in clause

@@ -80,8 +80,37 @@ def render(root: str | Path = ".") -> str:
     shown = [f"{r.name.split(': ', 1)[1]} ({r.verdict.split(' (')[0]})" for r in rows if r.p_adj < alpha]
     not_shown = [r.name.split(": ", 1)[1] for r in rows if r.p_adj >= alpha]
     lines += ["", f"Shown at Holm-adjusted p < {alpha:g}: {'; '.join(shown) or 'nothing'}. "
-              f"Not shown (no claim either way): {'; '.join(not_shown) or 'nothing'}."]
+              f"Not shown (no claim either way): {'; '.join(not_shown) or 'nothing'}.", "",
+              _other_cells(study, headline, table, FRONT_CELL, alpha)]
     return "\n".join(lines)
+
+
+def _verdicts(rows, alpha: float) -> str:
+    shown = [f"{r.name.split(': ', 1)[1]} ({r.verdict.split(' (')[0]})" for r in rows if r.p_adj < alpha]
+    return f"shown: {'; '.join(shown) or 'nothing'}; {sum(r.p_adj >= alpha for r in rows)} not shown"
+
+
+def _other_cells(study, headline, table, front: tuple, alpha: float) -> str:
+    """One sentence per headline cell other than `front`, in the pilot's order: its contrasts' verdicts at Holm p <
+    alpha when it has them (the same family as the table above), else how many documents it has of those owed."""
+    from ..studies.equal_bytes import analysis as an
+    parts = []
+    for _, h in headline[headline["headline"]].iterrows():
+        key = (h["model"], int(h["length"]), h["task"])
+        if key == front:
+            continue
+        name = an.cell_name(*key)
+        rows = [r for r in table.rows if r.name.startswith(f"{name}: ")] if table is not None else []
+        if rows:
+            parts.append(f"**{name}** ({rows[0].n_docs} documents, {len(rows)} contrasts): {_verdicts(rows, alpha)}")
+            continue
+        g = study[(study["model"] == key[0]) & (study["length"] == key[1]) & (study["task"] == key[2])]
+        fewest = int(g.groupby("method")["doc"].nunique().min()) if len(g) else 0
+        parts.append(f"**{name}**: owed ({fewest} of {an.MIN_DOCS} documents run)")
+    if not parts:
+        return "The pilot declared no other headline cell."
+    return ("The pilot's other headline cells, in its order (their tables are in notebook 24): "
+            + "; ".join(parts) + ".")
 
 
 def section(text: str) -> str:
