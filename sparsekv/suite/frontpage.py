@@ -77,7 +77,7 @@ def render(root: str | Path = ".") -> str:
                      f"| [{_points(r.lo)}, {_points(r.hi)}] | {r.n_docs} | {r.p_raw:.2g} | {r.p_adj:.2g} | "
                      f"{r.verdict} |")
     alpha = table.plan.alpha
-    shown = [f"{r.name.split(': ', 1)[1]} ({r.verdict.split(' (')[0]})" for r in rows if r.p_adj < alpha]
+    shown = _shown(rows, alpha)
     not_shown = [r.name.split(": ", 1)[1] for r in rows if r.p_adj >= alpha]
     lines += ["", f"Shown at Holm-adjusted p < {alpha:g}: {'; '.join(shown) or 'nothing'}. "
               f"Not shown (no claim either way): {'; '.join(not_shown) or 'nothing'}.", "",
@@ -85,9 +85,13 @@ def render(root: str | Path = ".") -> str:
     return "\n".join(lines)
 
 
+def _shown(rows, alpha: float) -> list[str]:
+    """"contrast (verdict)" for each row shown at Holm-adjusted p < alpha, in declared order."""
+    return [f"{r.name.split(': ', 1)[1]} ({r.verdict.split(' (')[0]})" for r in rows if r.p_adj < alpha]
+
+
 def _verdicts(rows, alpha: float) -> str:
-    shown = [f"{r.name.split(': ', 1)[1]} ({r.verdict.split(' (')[0]})" for r in rows if r.p_adj < alpha]
-    return f"shown: {'; '.join(shown) or 'nothing'}; {sum(r.p_adj >= alpha for r in rows)} not shown"
+    return f"shown: {'; '.join(_shown(rows, alpha)) or 'nothing'}; {sum(r.p_adj >= alpha for r in rows)} not shown"
 
 
 def _other_cells(study, headline, table, front: tuple, alpha: float) -> str:
