@@ -158,3 +158,33 @@ def test_peer_methods_keep_the_routers_budget_of_context_tokens():
     snap = [m for m in ms if m.press == "SnapKVPress" and not m.sees_question]
     assert [round((1 - m.ratio) * 1000) for m in snap] == [64, 128]
     assert sum(m.sees_question for m in ms) == 2 and ms[-1].bits == 8
+
+
+# -- the sparsekv rows on the tiny model ----------------------------------------------------------
+
+def test_lossless_rows_run_every_method_on_its_store_and_quest_s_protocol_routes_only_the_answers(probe):
+    model = sk.Model(sk.ModelConfig.from_name("tiny"))
+    engines = {bits: sk.Engine(model, block_size=16, num_blocks=64, progress=False, kv_bits=bits) for bits in (0, 8)}
+    methods = eb.lossless_methods(["minmax"], [32], int8_scorers=("minmax",), dense_prompt=[("minmax", 32)])
+    assert [m.name for m in methods] == ["dense", "minmax@32", "int8 dense", "int8 minmax@32", "minmax@32 qdense"]
+    rows = eb.lossless_rows(engines, probe, methods)
+    assert sorted(r["method"] for r in rows) == sorted(m.name for m in methods)
+    assert {r["method"]: r["family"] for r in rows}["int8 minmax@32"] == "lossless int8"
+    assert all(r["held"] == r["held_measured"] for r in rows)        # the byte model against the store's tensors
+    # Quest's protocol: the rows before the first answer-predicting row are fed densely (dense's rows); that row is
+    # routed; routing every step moves the rows before it too
+    e = engines[0]
+    seq = e.new_sequence()
+    e.prefill(seq, probe.context)
+    logits = {}
+    for m in (methods[0], methods[1], methods[-1]):
+        child = e.fork(seq)
+        logits[m.name] = eb._feed(e, child, probe, m)
+        e.finish(child)
+    first = min(p - 1 for pos in probe.answers for p in pos)
+    q, d, r = logits["minmax@32 qdense"], logits["dense"], logits["minmax@32"]
+    torch.testing.assert_close(q[:first], d[:first], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(q[first], d[first], atol=1e-3)
+    assert not torch.allclose(q[:first], r[:first], atol=1e-3)
+    with pytest.raises(ValueError, match=r"engines must hold an Engine for every method's kv_bits, missing \[8\]"):
+        eb.lossless_rows({0: engines[0]}, probe, methods)

@@ -12,8 +12,6 @@ since a press compresses during prefill.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..analysis import peers, turns
@@ -22,49 +20,23 @@ from ..model.checkpoint import config_from_hf
 from ..model.engine import Engine
 from ..routing.router import Router
 from ..storage.summaries import summary_vectors
-
-
-@dataclass(frozen=True)
-class Lossless:
-    """A sparsekv method: an engine key ("fp32" or "int8") and a router (None: dense).
-
-    dense_prompt: Quest's protocol instead of routing everything: the question tokens after the context
-    are fed densely and only the steps that predict answer tokens are routed (a diagnostic: how much of a
-    router's loss comes from routing the question itself).
-    """
-
-    name: str
-    engine: str
-    router: Router | None = None
-    budget: int | None = None
-    dense_prompt: bool = False
+from . import questions as qs
 
 
 def lossless_methods(scorers, budgets, int8_scorers=("minmax",), seed: int = 0,
-                     dense_prompt=()) -> list[Lossless]:
-    """Dense and every (scorer, budget) on the float store; dense and `int8_scorers` on the int8 store;
-    `dense_prompt` (scorer, budget) pairs also under Quest's protocol (named "scorer@budget qdense")."""
-    out = [Lossless("dense", "fp32")]
-    out += [Lossless(f"{s}@{b}", "fp32", Router(s, token_budget=b, seed=seed), b) for s in scorers for b in budgets]
-    out += [Lossless(f"{s}@{b} qdense", "fp32", Router(s, token_budget=b, seed=seed), b, dense_prompt=True)
-            for s, b in dense_prompt]
-    out += [Lossless("int8 dense", "int8")]
-    out += [Lossless(f"int8 {s}@{b}", "int8", Router(s, token_budget=b, seed=seed), b)
-            for s in int8_scorers for b in budgets]
-    return out
+                     dense_prompt=()) -> list[qs.Lossless]:
+    """Dense and every (scorer, budget) on the float store, dense and `int8_scorers` on the int8 store
+    (`questions.lossless_methods`: this grid routes every step after the context, so their rule None means
+    "routed" here); `dense_prompt` (scorer, budget) pairs also under Quest's protocol, the question's tokens dense
+    and only the answer-predicting steps routed (rule "dense", named "scorer@budget qdense")."""
+    return qs.lossless_methods(scorers, budgets, seed, int8_scorers) + [
+        qs.Lossless(f"{s}@{b} qdense", Router(s, token_budget=b, seed=seed), b, rule="dense") for s, b in dense_prompt]
 
 
 def peer_methods(presses, budgets, context_tokens: int, bits=(8, 4, 2), sees_question=("SnapKVPress",)) -> list:
-    """Dense, each press at the ratio that keeps `budget` context tokens, query-aware variants, and HQQ bits."""
-    out = [peers.PeerMethod("hf dense", "dense")]
-    for p in presses:
-        for b in budgets:
-            ratio = round(1.0 - b / context_tokens, 4)
-            out.append(peers.PeerMethod(f"{p.removesuffix('Press')}@{b}", "evict", p, ratio))
-            if p in sees_question:
-                out.append(peers.PeerMethod(f"{p.removesuffix('Press')}+q1@{b}", "evict", p, ratio, sees_question=True))
-    out += [peers.PeerMethod(f"hqq{n}", "quant", bits=n) for n in bits]
-    return out
+    """`questions.peer_methods` with the question-aware variants of `sees_question`: a probe here asks its questions
+    once, in one feed, so a press may compress the context together with the first question."""
+    return qs.peer_methods(presses, budgets, context_tokens, bits, sees_question)
 
 
 def _score(probe: turns.TwoFacts, logits: torch.Tensor) -> dict:
@@ -74,8 +46,12 @@ def _score(probe: turns.TwoFacts, logits: torch.Tensor) -> dict:
     return {"nll": turns.tail_loss(probe, logits)}
 
 
-def lossless_rows(engines: dict[str, Engine], probe: turns.TwoFacts, methods: list[Lossless]) -> list[dict]:
-    """Prefill `probe.context` once per engine; each method feeds `after[:-1]` on a fork."""
+def lossless_rows(engines: dict[int, Engine], probe: turns.TwoFacts, methods: list[qs.Lossless]) -> list[dict]:
+    """Prefill `probe.context` once per engine ({kv_bits: Engine}, e.g. {0: float, 8: int8}); each method feeds
+    `after[:-1]` on a fork of its store's engine."""
+    missing = sorted({m.kv_bits for m in methods} - set(engines))
+    if missing:
+        raise ValueError(f"engines must hold an Engine for every method's kv_bits, missing {missing}")
     rows = []
     for key, engine in engines.items():
         seq = engine.new_sequence()
@@ -85,7 +61,7 @@ def lossless_rows(engines: dict[str, Engine], probe: turns.TwoFacts, methods: li
                     block_size=c.block_size, kv_bits=c.kv_bits, summaries_held=summary_vectors(c.summaries, c),
                     summary_itemsize=c.summary_itemsize)
         try:
-            for m in (m for m in methods if m.engine == key):
+            for m in (m for m in methods if m.kv_bits == key):
                 child = engine.fork(seq)
                 try:
                     logits = _feed(engine, child, probe, m)
@@ -93,7 +69,7 @@ def lossless_rows(engines: dict[str, Engine], probe: turns.TwoFacts, methods: li
                     read_vectors = m.router.scorer.vectors(c) if m.router is not None else 0
                     model = cache_bytes("lossless", tokens=child.num_tokens, budget=m.budget,
                                         summaries_read=read_vectors, **geom)
-                    rows.append({"method": m.name, "family": "lossless" if key == "fp32" else "lossless int8",
+                    rows.append({"method": m.name, "family": "lossless int8" if key else "lossless",
                                  "budget": m.budget, **_score(probe, logits), "held": model.held, "read": model.read,
                                  "held_measured": engine.store.sequence_bytes(child),
                                  "step_s": sum(s.seconds for s in st.steps) / max(1, len(st.steps))})
@@ -104,10 +80,11 @@ def lossless_rows(engines: dict[str, Engine], probe: turns.TwoFacts, methods: li
     return rows
 
 
-def _feed(engine: Engine, seq, probe: turns.TwoFacts, m: Lossless) -> torch.Tensor:
-    """Logits of after[:-1] on `seq`: every step routed, or (dense_prompt) only the answer-predicting ones."""
+def _feed(engine: Engine, seq, probe: turns.TwoFacts, m: qs.Lossless) -> torch.Tensor:
+    """Logits of after[:-1] on `seq`: every step routed (rule None or "routed"), or (rule "dense") only the
+    answer-predicting ones."""
     feed = probe.after[:-1]
-    if not m.dense_prompt or m.router is None:
+    if m.rule != "dense" or m.router is None:
         return engine.feed(seq, feed, router=m.router)
     routed = {p - 1 for pos in probe.answers for p in pos}          # row p - 1 predicts answer token p
     parts, i = [], 0

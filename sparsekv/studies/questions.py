@@ -33,7 +33,6 @@ from ..analysis import observe, peers, stats, tasks
 from ..core.traffic import CacheBytes, cache_bytes, hybrid_cache_bytes
 from ..routing.router import Router
 from ..storage.summaries import summary_vectors
-from . import equalbytes
 
 RULES = ("dense", "routed")
 
@@ -83,11 +82,20 @@ def rule_name(method: str, rule: str) -> str:
     return f"{method}, {rule} question"
 
 
-def peer_methods(presses, budgets, context_tokens: int, bits=(8, 4, 2)) -> list[peers.PeerMethod]:
-    """transformers dense, each press at the ratio that keeps `budget` of `context_tokens`, and HQQ at `bits`:
-    notebook 09's peers (`equalbytes.peer_methods`) without its question-aware variants, which would see a question
-    here that the other methods are asked on their own copies."""
-    return equalbytes.peer_methods(presses, budgets, context_tokens, bits, sees_question=())
+def peer_methods(presses, budgets, context_tokens: int, bits=(8, 4, 2), sees_question=()) -> list[peers.PeerMethod]:
+    """transformers dense, each press at the ratio that keeps `budget` of `context_tokens`, and HQQ at `bits`. The
+    presses named in `sees_question` also get a question-aware variant ("SnapKV+q1@budget", compressing the context
+    with the first question): none here, where each question is asked on its own copy of one compressed cache, so a
+    press that saw one question would hold a cache shaped for it when asked the others (notebook 09's probes use it)."""
+    out = [peers.PeerMethod("hf dense", "dense")]
+    for p in presses:
+        for b in budgets:
+            ratio = round(1.0 - b / context_tokens, 4)
+            out.append(peers.PeerMethod(f"{p.removesuffix('Press')}@{b}", "evict", p, ratio))
+            if p in sees_question:
+                out.append(peers.PeerMethod(f"{p.removesuffix('Press')}+q1@{b}", "evict", p, ratio, sees_question=True))
+    out += [peers.PeerMethod(f"hqq{n}", "quant", bits=n) for n in bits]
+    return out
 
 
 def _row(doc: tasks.Document, i: int, method: str, family: str, correct: bool, steps: int) -> dict:
