@@ -52,7 +52,7 @@ smoke: setup model
 # worker fills it (2 cores, 2026-12-05: 659 s against 712 s with one worker per core). TEST_ARGS passes options, e.g.
 # `make test TEST_ARGS="-n 0"` for one process.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
-TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadgroup
+TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadscope
 # The CPU extension (kernels/cpu_decode.py) for this CPU, built once before the tests rather than by whichever test
 # asks first; a machine without a compiler gets the torch path and a line that says why.
 kernels: setup

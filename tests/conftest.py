@@ -108,23 +108,36 @@ DURATIONS = REPO / "tests" / "durations.json"
 
 
 def _unit(nodeid: str) -> str:
-    """xdist's unit of work for a test: its module (loadgroup, below), or the test itself in test_notebooks.py."""
+    """xdist's unit of work for a test: its module (`pytest_xdist_make_scheduler`), or the test itself in
+    test_notebooks.py."""
     path = nodeid.split("::")[0]
     return nodeid if path.endswith("test_notebooks.py") else Path(path).stem
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's loadgroup schedule each test module runs whole on one worker, so a module-scoped fixture
-    (a loaded model, a prefilled engine, a Ray session) is built once; the notebook runs in test_notebooks.py, most
-    of the suite's time, are spread one by one. Without xdist the marks do nothing.
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist each test module runs whole on one worker, so a module-scoped fixture (a loaded model, a
+    prefilled engine, a Ray session) is built once; the notebook runs in test_notebooks.py, most of the suite's time,
+    are spread one by one.
 
-    The units (a module, or one notebook run) are then ordered longest first by their recorded seconds (DURATIONS):
-    xdist hands out units in collection order, so the long ones no longer start last on one worker while the other
-    idles (longest-processing-time-first). Tests keep their order inside a module."""
+    This is xdist's loadscope schedule with `_unit` as the scope. It replaces `--dist loadgroup` with xdist_group
+    marks, which pytest 9.2 silently turned into one unit per test: xdist 3.8 writes the group into `item._nodeid`,
+    which pytest 9.2's `nodeid` no longer reads. Modules were then split over the workers and their module fixtures
+    built once per worker (2026-12-05: the SmolLM2 fixture of test_questions three times, two Ray clusters for
+    test_sweep). tests/test_conftest.py checks the units a real run hands out."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return ByUnit(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order the units (a module, or one notebook run) longest first by their recorded seconds (DURATIONS): xdist
+    hands out units in collection order, so the long ones no longer start last on one worker while the other idles
+    (longest-processing-time-first). Tests keep their order inside a module."""
     import json
-    for item in items:
-        if item.path.name != "test_notebooks.py":
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     first: dict[str, int] = {}
     for i, item in enumerate(items):

@@ -176,3 +176,17 @@ def test_paged_kernel_reads_a_cold_tier_through_layer_kv(tmp_path):
         assert (out.double() - want).abs().max() < TOL[torch.float32]
     assert store.tiers.num_cold() > 0
     store.close()
+
+
+def test_every_kernel_file_is_compiled_or_included_and_hashed_into_the_extension_s_name():
+    """ops.cpp includes the other files whole (one parse of ATen's headers): a .cpp left out of both lists would
+    never be built, and a file outside the hash would not rebuild the extension when edited."""
+    import re
+
+    from sparsekv.kernels import cpu_decode as c
+    d = c._DIR
+    included = re.findall(r'^#include "(\w+\.cpp)"$', (d / "ops.cpp").read_text(), re.M)
+    assert len(included) == len(set(included))
+    assert {p.name for p in d.glob("*.cpp")} == {p.name for p in c._SOURCES} | set(included)
+    assert not {p.name for p in c._SOURCES} & set(included)
+    assert {p.name for p in d.iterdir()} == {p.name for p in c._SOURCES + c._HEADERS}

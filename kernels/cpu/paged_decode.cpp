@@ -44,10 +44,7 @@ namespace {
 using skv::V16;
 using skv::kHeadsPerPass;
 using skv::kLanes;
-
-// A finite "minus infinity" for the running maximum: exp(kNegBig - x) is exactly 0 for every finite score x
-// (skv::exp), and no infinity ever enters the arithmetic.
-constexpr float kNegBig = -3.0e38f;
+using skv::kNegBig;            // the running maximum's "minus infinity" (simd.h)
 
 struct Dims {
   int64_t D, P, Dp, bs;              // head dim, 32-element pairs per row (simd.h), 32 P, block size

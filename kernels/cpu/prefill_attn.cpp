@@ -47,7 +47,7 @@ namespace {
 constexpr int64_t kRows = 64;     // query rows per work item
 constexpr int64_t kMicro = 8;     // rows per microkernel call
 constexpr int64_t kBlock = 256;   // keys per block; a multiple of 32 (two 16-key tiles)
-constexpr float kNegBig = -3.0e38f;
+using skv::kNegBig;               // below it exp is exactly 0 (simd.h)
 
 #if SPARSEKV_BF16DP
 

@@ -50,7 +50,7 @@ constexpr int64_t kRows = 60;                       // query rows per work item:
 constexpr int kMicro = 6;                           // rows per microkernel call
 constexpr int kCols = SPARSEKV_AVX512 ? 2 : 1;      // 16-key (or 16-dim) tiles per microkernel call
 constexpr int64_t kBlock = 256;                     // keys per softmax block, a multiple of 32
-constexpr float kNegBig = -3.0e38f;                 // below it exp is exactly 0 (simd.h)
+using skv::kNegBig;                                 // below it exp is exactly 0 (simd.h)
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

@@ -40,6 +40,11 @@ namespace skv {
 
 constexpr int kLanes = 16;
 
+// A finite "minus infinity" for a running maximum or a masked score: exp(kNegBig - x) is exactly 0 for every finite
+// score x (skv::exp), and no infinity ever enters the arithmetic. One definition for every kernel, so that the files
+// can share one translation unit (kernels/cpu/ops.cpp).
+constexpr float kNegBig = -3.0e38f;
+
 // bfloat16 as its raw 16 bits: the float with those bits on top.
 inline float bf16_to_float(uint16_t x) {
   const uint32_t bits = static_cast<uint32_t>(x) << 16;

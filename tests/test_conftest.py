@@ -1,0 +1,26 @@
+"""The suite's own scheduling (tests/conftest.py): under pytest-xdist each test module runs whole on one worker, so
+its module-scoped fixtures are built once, and each notebook run of test_notebooks.py is a unit of its own."""
+import re
+import subprocess
+import sys
+
+from conftest import REPO, _unit
+
+
+def test_a_module_is_one_unit_and_a_notebook_run_is_its_own():
+    assert _unit("tests/test_sweep.py::test_a_failing_cell[1]") == "test_sweep"
+    assert _unit("tests/test_notebooks.py::test_notebook_smoke[13_routers]") == \
+        "tests/test_notebooks.py::test_notebook_smoke[13_routers]"
+
+
+def test_under_xdist_every_module_runs_whole_on_one_worker():
+    """Two small modules over two workers (about 10 CPU-seconds): with one unit per test, as `--dist loadgroup` gave
+    under pytest 9.2, each module's tests were spread over both workers."""
+    mods = ["tests/test_report.py", "tests/test_router_bytes.py"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider", *mods],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:]
+    ran = re.findall(r"^\[(gw\d)\] .*?PASSED (tests/test_\w+\.py)::", run.stdout, re.M)
+    workers = {m: {w for w, mm in ran if mm == m} for m in mods}
+    assert len(ran) >= 4 and {m for _, m in ran} == set(mods), run.stdout[-2000:]
+    assert all(len(w) == 1 for w in workers.values()), workers
