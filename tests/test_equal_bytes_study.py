@@ -237,3 +237,12 @@ def test_matched_bytes_ties_go_to_the_smaller_share_in_any_order():
     for order in itertools.permutations(pts):
         assert dz._nearest({k: pts[k] for k in order}, 0.33) == "int4 halves/16@0.0625"
     assert dz._nearest({"halves/16@0.25": 0.31, "halves/16@0.125": 0.19}, 0.33) == "halves/16@0.25"
+
+
+def test_the_best_of_a_kind_is_the_top_score_with_ties_to_the_last_name():
+    from sparsekv.methods import best
+    assert best({"minmax@64": 0.5, "halves@64": 0.75, "mean@64": 0.75}) == "mean@64"
+    assert best({"SnapKV@64": 2.25, "Knorm@64": 2.0, "TOVA@64": 2.0}, higher=False) == "TOVA@64"
+    assert best({"hqq4": 0.1}, higher=False) == "hqq4"
+    with pytest.raises(ValueError, match="scores must hold at least one method"):
+        best({})

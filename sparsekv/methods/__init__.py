@@ -16,6 +16,7 @@ own dense). Each method is compared with its own engine's dense.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 FAMILIES = {
@@ -127,4 +128,16 @@ def quantisers(bits) -> list[Method]:
     return [Method("quant", "transformers", bits=b) for b in bits]
 
 
-__all__ = ["FAMILIES", "RULES", "Method", "routers", "presses", "quantisers"]
+def best(scores: Mapping[str, float], higher: bool = True) -> str:
+    """The name with the best score of {name: score}: the highest (an accuracy), or with `higher=False` the lowest (a
+    loss). Ties go to the name last in alphabetical order. This is the one rule for every study that picks a best
+    method of a kind and for every page that names it, so the words always name the method the study tested.
+
+    Raises ValueError when `scores` is empty."""
+    if not scores:
+        raise ValueError("scores must hold at least one method, got none")
+    sign = 1.0 if higher else -1.0
+    return max(scores, key=lambda name: (sign * scores[name], name))
+
+
+__all__ = ["FAMILIES", "RULES", "Method", "routers", "presses", "quantisers", "best"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..analysis import peers, tasks
+from ..methods import best
 from ..routing.scorers import SCORERS, summaries_for
 from . import questions as qs
 
@@ -188,15 +189,15 @@ class Study:
     def best_of(self, task: str, kind: str) -> str | None:
         """The most accurate method of one kind on `task`, on the questions every method answered (`acc_shared`), or
         None when the run has none: "router" (a router under the run's rule over exact blocks, the oracle aside),
-        "press" (a kvpress press) or "quantiser" (an HQQ cache). Ties go to the name last in alphabetical order, the
-        rule `studies.findings` words the best router and press by, so docs/findings.md names the methods tested here."""
+        "press" (a kvpress press) or "quantiser" (an HQQ cache). Ties go to the name last in alphabetical order
+        (`methods.best`, the rule `studies.findings` words the best router and press by)."""
         kinds = {"router": [f"{s}@{self.config.budget}" for s in self.config.scorers if s != "oracle"],
                  "press": [m.name for m in self.lossy if m.family == "evict"],
                  "quantiser": [m.name for m in self.lossy if m.family == "quant"]}
         if kind not in kinds:
             raise ValueError(f"kind must be one of {list(kinds)}, got {kind!r}")
         names = [m for m in kinds[kind] if m in self.methods]
-        return max(names, key=lambda m: (self.acc_shared[(task, m)]["accuracy"], m)) if names else None
+        return best({m: self.acc_shared[(task, m)]["accuracy"] for m in names}) if names else None
 
     def best(self, task: str) -> str:
         """The best method on `task` other than exact dense (both engines) and the oracle (under either question rule,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..analysis import corpus, observe, peers, stats
+from ..methods import best
 from ..routing.router import Router
 from ..routing.scorers import SCORERS
 from . import questions as qs
@@ -169,8 +170,8 @@ class TailStudy:
 
     def best_of(self, kind: str, what: str) -> str | None:
         """The method of one kind with the lowest mean loss on `kind` of text, or None when the run has none: "router"
-        (over exact blocks, the oracle aside), "press" or "quantiser". Ties go to the name first in alphabetical
-        order."""
+        (over exact blocks, the oracle aside), "press" or "quantiser". Ties go to the name last in alphabetical
+        order (`methods.best`; the first until 2026-12-05, which no committed run's losses ever tied on)."""
         groups = {"router": [m.name for m in self.lossless if m.router is not None and m.kv_bits == 0
                              and m.router.scorer.name != "oracle"],
                   "press": [m.name for m in self.lossy if m.family == "evict"],
@@ -178,7 +179,7 @@ class TailStudy:
         if what not in groups:
             raise ValueError(f"what must be one of {list(groups)}, got {what!r}")
         names = groups[what]
-        return min(names, key=lambda m: (self.summary[(kind, m)]["nll"], m)) if names else None
+        return best({m: self.summary[(kind, m)]["nll"] for m in names}, higher=False) if names else None
 
 
 def _tokens(rows: list[dict], kind: str, method: str) -> dict[tuple, float]:

@@ -52,8 +52,9 @@ def router_names() -> tuple[str, ...]:
 
 
 def best_name(acc: dict) -> str:
-    """The most accurate of {name: accuracy}, ties to the name last in order (`Study.best_of`'s rule)."""
-    return max(acc, key=lambda k: (acc[k], k))
+    """The most accurate of {name: accuracy} by the studies' own rule (`methods.best`)."""
+    from ...methods import best
+    return best(acc)
 
 
 # -- words from comparisons ---------------------------------------------------------------------------

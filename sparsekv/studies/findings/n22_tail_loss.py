@@ -1,5 +1,6 @@
 """Notebook 22's finding (`notebooks/22_tail_loss.ipynb`): tail loss on real text, every family against its own dense.
 `tail_finding` words any run of the tail-loss harness (archived notebook 23 is its Gemma run)."""
+from ...methods import best
 from .finding import PRESSES, Finding, Metrics, router_names
 
 N22 = "22_tail_loss"                                    # tail loss of every family: SmolLM2 at 2k
@@ -14,12 +15,12 @@ def _tail_delta(n: str, tag: str, kind: str, method: str):
 
 
 def _tail_best(m: Metrics, n: str, tag: str, kind: str, family: str) -> str:
-    """The best of a family by mean loss, ties to the name first in order (`TailStudy.best_of`'s rule)."""
+    """The best of a family by mean loss, by the studies' own rule (`methods.best`, as `TailStudy.best_of`)."""
     nll = {k.split(".")[3]: v for k, v in m[n].items() if k.startswith(f"loss.{tag}.{kind}.") and k.endswith(".nll")}
     names = {"router": [x for x in nll if x.split("@")[0] in router_names() and "@" in x],
              "press": [x for x in nll if x.split("@")[0] in PRESSES],
              "quantiser": [x for x in nll if x.startswith("hqq")]}[family]
-    return min(names, key=lambda x: (nll[x], x))
+    return best({x: nll[x] for x in names}, higher=False)
 
 
 def _tail_pair(n: str, tag: str, kind: str, family: str):
