@@ -114,6 +114,7 @@ def _unit(nodeid: str) -> str:
     return nodeid if path.endswith("test_notebooks.py") else Path(path).stem
 
 
+@pytest.hookimpl(optionalhook=True)     # xdist's hook: without xdist installed, pytest must not reject it
 def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist each test module runs whole on one worker, so a module-scoped fixture (a loaded model, a
     prefilled engine, a Ray session) is built once; the notebook runs in test_notebooks.py, most of the suite's time,

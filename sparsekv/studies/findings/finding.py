@@ -51,12 +51,6 @@ def router_names() -> tuple[str, ...]:
     return tuple(s for s in SCORERS if s != "oracle")
 
 
-def best_name(acc: dict) -> str:
-    """The most accurate of {name: accuracy} by the studies' own rule (`methods.best`)."""
-    from ...methods import best
-    return best(acc)
-
-
 # -- words from comparisons ---------------------------------------------------------------------------
 
 def versus(x: float, y: float, below: str, near: str, above: str, tol: float = 0.05) -> str:

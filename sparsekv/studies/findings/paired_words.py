@@ -5,7 +5,8 @@ way; a word names the best router and press by `Study.best_of`'s rule, so the pa
 """
 from __future__ import annotations
 
-from .finding import PRESSES, Metrics, best_name, router_names
+from ...methods import best as best_method  # `best_pair` has a `best` of its own
+from .finding import PRESSES, Metrics, router_names
 
 BUDGET = 256                    # the token budget of every paired-question study (notebook 14's full run set it)
 
@@ -62,7 +63,7 @@ def router_vs_press(task: str, n: str, cells: str = "acc"):
                if k.startswith(f"{cells}.{task}.") and k.endswith(f"@{BUDGET}")}
         routers = {k: v for k, v in acc.items() if k in router_names()}
         presses = {k: v for k, v in acc.items() if k in PRESSES}
-        r, p = best_name(routers), best_name(presses)
+        r, p = best_method(routers), best_method(presses)
         word = "at least as many as" if routers[r] >= presses[p] else "fewer than"
         out = f"`{r}@{BUDGET}` answers {routers[r]:.0%}, {word} the best press ({p} {presses[p]:.0%})"
         k = f"best.{task}.router_vs_press"             # the paired test (`Study.best_of` picks the same two methods)
@@ -79,7 +80,7 @@ def best_pair(task: str, kind: str, n: str):
     reads per step."""
     def best(m: Metrics, names) -> str:
         cells = "acc_peered" if any(k.startswith(f"acc_peered.{task}.") for k in m[n]) else "acc"
-        return best_name({x: m[n][f"{cells}.{task}.{x}"] for x in names if f"{cells}.{task}.{x}" in m[n]})
+        return best_method({x: m[n][f"{cells}.{task}.{x}"] for x in names if f"{cells}.{task}.{x}" in m[n]})
 
     def f(m: Metrics) -> str:
         k = f"best.{task}.router_vs_{kind}"
