@@ -35,10 +35,63 @@ def test_a_method_s_line_knob_and_name_come_from_its_fields():
     (dict(family="quant", engine="transformers", bits=3), r"bits in \(2, 4, 8\)"),
     (dict(family="dense", engine="transformers", kv_bits=8), "sparsekv's store only"),
     (dict(family="dense", engine="sparsekv", share=0.5), "share must be None"),
+    (dict(family="press", engine="transformers", press="SnapKV", share=0.5), "ending in 'Press'"),
+    (dict(family="press", engine="transformers", press="snapKVPress", share=0.5), "capitalised"),
+    (dict(family="router", engine="sparsekv", scorer="mean/8", share=0.5), "scorer must be"),
 ])
 def test_a_bad_method_is_refused_naming_the_field(kw, words):
     with pytest.raises(ValueError, match=words):
         mt.Method(**kw)
+
+
+def test_a_name_parses_back_to_its_method_and_nothing_else_parses():
+    """`methods.parse` is the exact inverse of `Method.name` over every method a design runs (fresh knobs, the
+    parametrised scorers' names, a registered press's), and refuses what no method is named."""
+    import itertools
+    rng = np.random.default_rng()
+    shares = tuple(float(x) for x in rng.uniform(1e-3, 1, 3)) + (1.0, 0.015625)
+    everything = dz.Design().methods() + dz.Design(shares=shares, block_size=int(rng.integers(1, 99))).methods()
+    everything += mt.routers(["hminmax-g64-k4", "mean/8"], shares, (16, 7), (0, 8, 4), ("dense", "routed"))
+    everything += mt.presses(["KeepRecentPress", "SnapKVPress"], shares, question_aware=True)
+    everything += [mt.Method("dense", "sparsekv", kv_bits=4)] + mt.quantisers((2, 4, 8))
+    for m in everything:
+        assert mt.parse(m.name) == m, m.name
+    assert len({m.name for m in everything}) == len(set(everything))      # a name names one method
+    for bad in ("halves/16@0.1250", "halves/16", "halves@0.125", "halves/x@0.125", "int2 halves/16@0.125",
+                "halves/16, routed@0.125", "SnapKV, aware@0.125", "SnapKV@1.5", "HQQ3", "HQQ", "fp8 dense", "",
+                "halves/16@nan", "halves/16@"):
+        with pytest.raises(ValueError, match="name must be a method's name"):
+            mt.parse(bad)
+    with pytest.raises(TypeError, match="name must be a str"):
+        mt.parse(0.125)
+    for a, b in itertools.combinations(("dense", "int8 dense", "transformers dense", "HQQ4"), 2):
+        assert mt.parse(a) != mt.parse(b)
+
+
+def test_the_figures_style_a_method_by_its_fields():
+    """Curves are styled from the parsed Method: a router by its scorer (a circle at 16-token blocks, hollow over
+    int codes, dashed when the question is routed), a press by its own marker, HQQ and dense apart."""
+    from sparsekv.suite import equal_bytes_report as rep
+    from sparsekv.suite import viz
+    st = {n: rep.style(mt.parse(n)) for n in ("halves/16@0.125", "mean/8@0.125", "int4 halves/16@0.125",
+                                              "halves/16, routed question@0.125", "SnapKV@0.125",
+                                              "SnapKV, question-aware@0.125", "HQQ4", "dense")}
+    assert st["halves/16@0.125"]["color"] == viz.ROUTER_COLORS["halves"] != st["mean/8@0.125"]["color"]
+    assert (st["halves/16@0.125"]["marker"], st["mean/8@0.125"]["marker"]) == ("o", "s")
+    assert st["int4 halves/16@0.125"]["markerfacecolor"] == "white"
+    assert st["halves/16, routed question@0.125"]["linestyle"] == "--"
+    assert st["SnapKV, question-aware@0.125"]["linestyle"] == ":" != st["SnapKV@0.125"]["linestyle"]
+    assert len({st[n]["color"] for n in ("halves/16@0.125", "SnapKV@0.125", "HQQ4", "dense")}) == 4
+    with pytest.raises(TypeError, match="method must be a methods.Method"):
+        rep.style("halves/16@0.125")
+    with pytest.raises(ValueError, match="name must be a method's name"):
+        rep.named(["halves@256"])
+    ms = [mt.parse(n) for n in ("dense", "halves/16@0.125", "halves/16@0.25", "halves/16, routed question@0.125",
+                                "int4 halves/16@0.125", "mean/16@0.125", "SnapKV@0.125", "HQQ4")]
+    assert [m.line for m in rep._panel_lines(ms, "routers")] == ["dense", "halves/16",
+                                                                   "halves/16, routed question", "mean/16"]
+    assert [m.line for m in rep._panel_lines(ms, "peers")] == ["dense", "HQQ", "SnapKV", "halves/16",
+                                                                 "int4 halves/16"]
 
 
 # -- the design -----------------------------------------------------------------------------------
@@ -233,10 +286,11 @@ def test_matched_bytes_ties_go_to_the_smaller_share_in_any_order():
     import itertools
 
     from sparsekv.studies.equal_bytes import design as dz
-    pts = {"int4 halves/16@0.25": 0.328, "int4 halves/16@0.0625": 0.328, "int4 halves/16@0.125": 0.328}
-    for order in itertools.permutations(pts):
-        assert dz._nearest({k: pts[k] for k in order}, 0.33) == "int4 halves/16@0.0625"
-    assert dz._nearest({"halves/16@0.25": 0.31, "halves/16@0.125": 0.19}, 0.33) == "halves/16@0.25"
+    int4 = {m: 0.328 for m in mt.routers(["halves"], [0.25, 0.0625, 0.125], kv_bits=(4,))}
+    for order in itertools.permutations(int4):
+        assert dz._nearest({m: int4[m] for m in order}, 0.33) == "int4 halves/16@0.0625"
+    exact = dict(zip(mt.routers(["halves"], [0.25, 0.125]), (0.31, 0.19)))
+    assert dz._nearest(exact, 0.33) == "halves/16@0.25" and dz._nearest({}, 0.33) is None
 
 
 def test_the_best_of_a_kind_is_the_top_score_with_ties_to_the_last_name():

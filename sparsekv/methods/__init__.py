@@ -10,6 +10,8 @@ the fields themselves, so no reader ever recovers a setting from a name.
     Method         one configuration; .line (the curve it belongs to), .knob, .name
     routers(...), presses(...), quantisers(...)
                    the points of each family's curve, in knob order
+    parse(name)    the Method a name names: the one parser of a name (rows that hold only a name, such as a results
+                   file's `method` column, are read through it), exact inverse of `Method.name`
 
 Engines: "sparsekv" (the block store; routers and its own dense) or "transformers" (kvpress presses, HQQ, and its
 own dense). Each method is compared with its own engine's dense.
@@ -26,6 +28,13 @@ FAMILIES = {
     "quant": "bits per stored K/V element",
 }
 RULES = ("dense", "routed")      # the question's tokens: one dense pass over what the method holds, or routed steps
+
+
+def _number(x: float) -> str:
+    """A knob as a name writes it: the short form ("0.125", "1") where it is exact, else every digit
+    ("0.9217078489634569"), so that two methods never share a name."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,15 @@ class Method:
         if (self.family == "press") != (self.press is not None) or (self.question_aware and self.family != "press"):
             raise ValueError(f"a press (and only a press) names its press and may be question-aware; got family "
                              f"{self.family!r}, press {self.press!r}, question_aware {self.question_aware!r}")
+        if self.press is not None and (not isinstance(self.press, str) or not self.press.endswith("Press")
+                                       or not self.press[:1].isupper() or self.press == "Press"
+                                       or any(c in self.press for c in "@,/ ")):
+            raise ValueError(f"press must be a press class's name, capitalised and ending in 'Press' (kvpress's "
+                             f"naming), without '@', ',', '/' or spaces, got {self.press!r}")
+        if self.scorer is not None and (not isinstance(self.scorer, str) or not self.scorer
+                                        or any(c in self.scorer for c in "@,/ ")):
+            raise ValueError(f"scorer must be a scorer's registered name without '@', ',', '/' or spaces, got "
+                             f"{self.scorer!r}")
         if (self.family == "quant") != (self.bits is not None) or (self.bits is not None and self.bits not in (2, 4, 8)):
             raise ValueError(f"a quantiser (and only a quantiser) has bits in (2, 4, 8), got {self.bits!r}")
         if self.family in ("press", "quant") and self.engine != "transformers":
@@ -103,7 +121,7 @@ class Method:
         """The line and the knob: "halves/16@0.125", "SnapKV@0.25", "HQQ4", "dense"."""
         if self.family == "quant":
             return f"HQQ{self.bits}"
-        return self.line if self.knob is None else f"{self.line}@{self.knob:g}"
+        return self.line if self.knob is None else f"{self.line}@{_number(self.knob)}"
 
 
 def routers(scorers, shares, block_sizes=(16,), kv_bits=(0,), rules=("dense",)) -> list[Method]:
@@ -128,6 +146,60 @@ def quantisers(bits) -> list[Method]:
     return [Method("quant", "transformers", bits=b) for b in bits]
 
 
+_STORES = {"": 0, "int8 ": 8, "int4 ": 4}
+
+
+def parse(name: str) -> Method:
+    """The Method whose `name` is `name`: "dense", "int8 dense", "transformers dense", "HQQ4",
+    "[int8 |int4 ]<scorer>/<block>[, routed question]@<share>", "<press without 'Press'>[, question-aware]@<share>".
+    The exact inverse of `Method.name` (`parse(m.name) == m` for every valid Method); a string that is not some
+    Method's name, canonical form included ("halves/16@0.1250" is not), is a ValueError naming it."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
+
+    def refuse(why):
+        return ValueError(f"name must be a method's name (methods.Method.name), got {name!r}: {why}")
+
+    head, at, knob = name.rpartition("@")
+    try:
+        if not at:
+            if name.startswith("HQQ") and name[3:].isdigit():
+                m = Method("quant", "transformers", bits=int(name[3:]))
+            elif name == "transformers dense":
+                m = Method("dense", "transformers")
+            elif name.endswith("dense") and name.removesuffix("dense") in _STORES:
+                m = Method("dense", "sparsekv", kv_bits=_STORES[name.removesuffix("dense")])
+            else:
+                raise refuse("no '@<share>' and not dense or HQQ<bits>")
+        else:
+            try:
+                share = float(knob)
+            except ValueError:
+                raise refuse(f"the share {knob!r} is not a number") from None
+            if "/" in head:
+                store = next((k for k in ("int8 ", "int4 ") if head.startswith(k)), "")
+                line, comma, rule = head.removeprefix(store).partition(", ")
+                if comma and rule != "routed question":
+                    raise refuse(f"a router's line ends with ', routed question' or nothing, not {rule!r}")
+                scorer, _, block = line.partition("/")
+                if not block.isdigit():
+                    raise refuse(f"the block size {block!r} is not a whole number")
+                m = Method("router", "sparsekv", scorer, int(block), _STORES[store], share,
+                           rule="routed" if comma else "dense")
+            else:
+                press, comma, aware = head.partition(", ")
+                if comma and aware != "question-aware":
+                    raise refuse(f"a press's line ends with ', question-aware' or nothing, not {aware!r}")
+                m = Method("press", "transformers", press=press + "Press", share=share, question_aware=bool(comma))
+    except ValueError as e:
+        if str(e).startswith("name must be"):
+            raise
+        raise refuse(str(e)) from None
+    if m.name != name:
+        raise refuse(f"its canonical form is {m.name!r}")
+    return m
+
+
 def best(scores: Mapping[str, float], higher: bool = True) -> str:
     """The name with the best score of {name: score}: the highest (an accuracy), or with `higher=False` the lowest (a
     loss). Ties go to the name last in alphabetical order. This is the one rule for every study that picks a best
@@ -140,4 +212,4 @@ def best(scores: Mapping[str, float], higher: bool = True) -> str:
     return max(scores, key=lambda name: (sign * scores[name], name))
 
 
-__all__ = ["FAMILIES", "RULES", "Method", "routers", "presses", "quantisers", "best"]
+__all__ = ["FAMILIES", "RULES", "Method", "routers", "presses", "quantisers", "parse", "best"]

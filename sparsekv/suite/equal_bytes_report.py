@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from ..methods import Method, parse
 from . import viz
 
 LINE_STYLE = {"dense": ("#555555", "*"), "int8 dense": ("#555555", "P"), "int4 dense": ("#555555", "X"),
@@ -16,40 +17,52 @@ LINE_STYLE = {"dense": ("#555555", "*"), "int8 dense": ("#555555", "P"), "int4 d
 PRESS_COLOR = "#CC79A7"
 
 
-def style(line: str) -> dict:
-    """Colour, marker and dash of a method line: a router its scorer's colour (dashed under the routed question
-    rule, hollow markers over int blocks), a press reddish purple with its own marker (dotted when question-aware),
-    HQQ sky blue, dense grey stars."""
-    if line in LINE_STYLE:
-        c, m = LINE_STYLE[line]
+def style(method: Method) -> dict:
+    """Colour, marker and dash of a method's line, from its fields (never its name): a router its scorer's colour
+    (`viz.router_color`; a circle at 16-token blocks, a square at others; dashed under the routed question rule,
+    hollow markers over int blocks), a press reddish purple with its own marker (dotted when question-aware), HQQ sky
+    blue, dense grey stars."""
+    if not isinstance(method, Method):
+        raise TypeError(f"method must be a methods.Method, got {type(method).__name__} {method!r}")
+    if method.family == "dense":
+        c, m = LINE_STYLE[method.line]
         return dict(color=c, marker=m, linestyle="none", markersize=11)
-    if line == "HQQ":
+    if method.family == "quant":
         return dict(color=viz.QUANT_COLOR, marker="D", linestyle="-")
-    scorer = line.removeprefix("int8 ").removeprefix("int4 ").split("/")[0].split(",")[0]
-    if scorer in viz.ROUTER_COLORS:
-        bs = line.split("/")[1].split(",")[0] if "/" in line else "16"
-        out = dict(color=viz.ROUTER_COLORS[scorer], marker="o" if bs == "16" else "s",
-                   linestyle="--" if "routed question" in line else "-")
-        if line.startswith(("int8 ", "int4 ")):   # hollow markers: the same scorer over int codes
-            out.update(markerfacecolor="white", linestyle=":" if line.startswith("int4") else "-.")
+    if method.family == "router":
+        out = dict(color=viz.router_color(method.scorer), marker="o" if method.block_size == 16 else "s",
+                   linestyle="--" if method.rule == "routed" else "-")
+        if method.kv_bits:                 # hollow markers: the same scorer over int codes
+            out.update(markerfacecolor="white", linestyle=":" if method.kv_bits == 4 else "-.")
         return out
-    name = line.split(",")[0]
-    return dict(color=PRESS_COLOR, marker=viz.PRESS_MARKERS.get(name, "v"),
-                linestyle=":" if "question-aware" in line else "-")
+    return dict(color=PRESS_COLOR, marker=viz.PRESS_MARKERS.get(method.press.removesuffix("Press"), "v"),
+                linestyle=":" if method.question_aware else "-")
 
 
 ROUTER_FOCUS = ("halves/16", "mean/8")    # the two best-supported routers, drawn again beside the peers
 
 
-def _panel_lines(lines, row: str) -> list[str]:
-    """The method lines one row of panels draws: "routers" (every router over exact blocks, both question rules, and
-    the oracle) or "peers" (the focus routers, the same over int8/int4 blocks, the presses and HQQ); dense markers in
-    both."""
-    dense = [x for x in lines if x.endswith("dense")]
+def named(names) -> dict[str, Method]:
+    """{name: Method} for each of `names` (the `method` column of a study's rows), through `methods.parse`, the one
+    reader of a method's name; a name that names no method is a ValueError."""
+    return {n: parse(n) for n in names}
+
+
+def _panel_lines(methods, row: str) -> list[Method]:
+    """One Method per line that a row of panels draws, in the order of their lines: "routers" (every router over
+    exact blocks, both question rules, and the oracle) or "peers" (the focus routers under the headline rule, every
+    router over int8/int4 blocks, the presses and HQQ); dense markers first in both."""
+    if row not in ("routers", "peers"):
+        raise ValueError(f"row must be 'routers' or 'peers', got {row!r}")
+    lines = {}
+    for m in methods:
+        lines.setdefault(m.line, m)
+    ordered = [lines[k] for k in sorted(lines)]
+    dense = [m for m in ordered if m.family == "dense"]
     if row == "routers":
-        return dense + [x for x in lines if "/" in x and not x.startswith(("int8 ", "int4 "))]
-    return dense + [x for x in lines if x in ROUTER_FOCUS or (x.startswith(("int8 ", "int4 ")) and "/" in x)
-                    or "/" not in x and not x.endswith("dense")]
+        return dense + [m for m in ordered if m.family == "router" and not m.kv_bits]
+    return dense + [m for m in ordered if m.family in ("press", "quant") or m.family == "router" and (
+        m.kv_bits or m.line in ROUTER_FOCUS)]
 
 
 def curves_figure(curves, model: str, length: int, task: str, path=None, title: str | None = None,
@@ -64,17 +77,17 @@ def curves_figure(curves, model: str, length: int, task: str, path=None, title: 
         raise ValueError(f"curves has no rows for {model} at {length} tokens on {task!r}")
     fig, axes = plt.subplots(2, 2, figsize=(12.5, 9.5), sharey=True)
     docs = int(c["docs"].min())
-    lines = sorted(c["line"].unique())
+    by_name = named(c["method"].unique())
     for r, (row, what) in enumerate((("routers", "routers over exact blocks"),
                                      ("peers", "halves and mean/8 against int blocks, presses and HQQ"))):
         for col, (axis, label) in enumerate((("read", "K/V bytes read per decode step / bf16 dense"),
                                              ("held", "bytes held per sequence / bf16 dense"))):
             ax = axes[r, col]
-            for line in _panel_lines(lines, row):
-                g = c[c["line"] == line].sort_values("knob", na_position="first")
+            for m in _panel_lines(by_name.values(), row):
+                g = c[c["line"] == m.line].sort_values("knob", na_position="first")
                 lo = (g["accuracy"] - g["lo"]).clip(lower=0).fillna(0)
                 hi = (g["hi"] - g["accuracy"]).clip(lower=0).fillna(0)
-                ax.errorbar(g[axis], g["accuracy"], yerr=[lo, hi], capsize=2, label=line, **style(line))
+                ax.errorbar(g[axis], g["accuracy"], yerr=[lo, hi], capsize=2, label=m.line, **style(m))
             ax.set_xscale("log")
             viz.log_axis_plain(ax, "x")
             ax.set_xlabel(label)
@@ -122,10 +135,11 @@ def fast_memory_table(rows):
 def fast_memory_figure(table, path=None):
     """Stall per decode step against bytes held in fast memory, one line per router (hot share as the knob), with
     each router's bytes held in memory without a cold tier as a dashed vertical line. Returns the figure."""
+    by_name = named(table["method"].unique())
     fig, ax = plt.subplots(figsize=(8.5, 4.6))
     for method, g in table.groupby("method"):
         g = g.sort_values("fast_held")
-        st = style(method.split("@")[0])
+        st = style(by_name[method])
         ax.errorbar(g["fast_held"].to_numpy(), g["stall_ms"].to_numpy(),
                     yerr=[(g["stall_ms"] - g["lo"]).clip(lower=0).to_numpy(), (g["hi"] - g["stall_ms"]).clip(lower=0).to_numpy()],
                     capsize=2, label=f"{method} over a cold tier", color=st["color"], marker=st["marker"])
@@ -171,4 +185,4 @@ def contrast_records(table) -> list[dict]:
     return out
 
 
-__all__ = ["style", "curves_figure", "finding", "contrast_records", "fast_memory_table", "fast_memory_figure"]
+__all__ = ["style", "named", "curves_figure", "finding", "contrast_records", "fast_memory_table", "fast_memory_figure"]

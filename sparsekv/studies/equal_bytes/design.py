@@ -95,20 +95,12 @@ def pilot() -> Design:
                   routed_scorers=())
 
 
-def _knob(name: str) -> float:
-    """A router method's share from its name ("int4 halves/16@0.0625" -> 0.0625); inf for a name without one."""
-    head, at, tail = name.rpartition("@")
-    try:
-        return float(tail) if at else float("inf")
-    except ValueError:
-        return float("inf")
-
-
 def _nearest(points: dict, target: float) -> str | None:
-    """The name among `points` (name -> bytes share) nearest `target`; ties to the smaller share read per step (the
-    method's knob), then to the name, so that the choice never depends on the order of `points` (int4 blocks hold
-    the same bytes at every share: the held match is decided by this rule alone)."""
-    return min(points, key=lambda n: (abs(points[n] - target), _knob(n), n)) if points else None
+    """The name of the Method among `points` (Method -> bytes share) nearest `target`; ties to the smaller share read
+    per step (the method's knob), then to the name, so that the choice never depends on the order of `points` (int4
+    blocks hold the same bytes at every share: the held match is decided by this rule alone)."""
+    best = min(points, key=lambda m: (abs(points[m] - target), m.knob, m.name)) if points else None
+    return None if best is None else best.name
 
 
 def contrasts(cell: str, nbytes: dict[str, dict], design: Design = Design()) -> list[Contrast]:
@@ -126,26 +118,36 @@ def contrasts(cell: str, nbytes: dict[str, dict], design: Design = Design()) -> 
     8. question-aware SnapKV at the pivot against halves at the pivot (difference: knowing the question against
        keeping everything)
     """
-    p, bs = PIVOT, design.block_size
-    halves = f"halves/{bs}"
-    names = set(nbytes)
+    p = PIVOT
+    present = {n: mt.parse(n) for n in nbytes}
     out = []
 
+    def halves(share=p, kv_bits=0, rule="dense"):
+        return mt.Method("router", "sparsekv", "halves", design.block_size, kv_bits, share, rule=rule).name
+
+    def snapkv(aware=False):
+        return mt.Method("press", "transformers", press="SnapKVPress", share=p, question_aware=aware).name
+
     def add(what, a, b, kind="difference", margin=None):
-        if a in names and b in names and a != b:
+        if a in present and b in present and a != b:
             out.append(Contrast(f"{cell}: {what}", a, b, kind, margin))
 
-    add(f"halves@{p:g} no worse than dense", f"{halves}@{p:g}", "dense", "non-inferiority", MARGIN)
-    add(f"mean/8@{p:g} no worse than dense", f"mean/8@{p:g}", "dense", "non-inferiority", MARGIN)
-    add(f"halves@{p:g}: routed question vs dense question", f"{halves}, routed question@{p:g}", f"{halves}@{p:g}")
-    add(f"halves@{p:g}: int4 blocks vs exact", f"int4 {halves}@{p:g}", f"{halves}@{p:g}")
-    if "HQQ4" in names:
-        read = {n: nbytes[n]["read"] for n in names if n.startswith(f"{halves}@")}
-        add("halves vs HQQ-4 at matched bytes read", _nearest(read, nbytes["HQQ4"]["read"]), "HQQ4")
-        held = {n: nbytes[n]["held"] for n in names if n.startswith(f"int4 {halves}@")}
-        add("int4 halves vs HQQ-4 at matched bytes held", _nearest(held, nbytes["HQQ4"]["held"]), "HQQ4")
-    add(f"halves vs SnapKV@{p:g}", f"{halves}@{p:g}", f"SnapKV@{p:g}")
-    add(f"question-aware SnapKV vs halves@{p:g}", f"SnapKV, question-aware@{p:g}", f"{halves}@{p:g}")
+    dense, hqq4 = mt.Method("dense", "sparsekv").name, mt.Method("quant", "transformers", bits=4).name
+    add(f"halves@{p:g} no worse than dense", halves(), dense, "non-inferiority", MARGIN)
+    add(f"mean/8@{p:g} no worse than dense", mt.Method("router", "sparsekv", "mean", 8, 0, p).name, dense,
+        "non-inferiority", MARGIN)
+    add(f"halves@{p:g}: routed question vs dense question", halves(rule="routed"), halves())
+    add(f"halves@{p:g}: int4 blocks vs exact", halves(kv_bits=4), halves())
+    if hqq4 in present:
+        def curve(kv_bits):       # every point of halves' curve over exact (0) or int4 blocks, under the dense rule
+            return [m for m in present.values() if m.family == "router" and m.scorer == "halves" and m.rule == "dense"
+                    and m.block_size == design.block_size and m.kv_bits == kv_bits]
+        add("halves vs HQQ-4 at matched bytes read",
+            _nearest({m: nbytes[m.name]["read"] for m in curve(0)}, nbytes[hqq4]["read"]), hqq4)
+        add("int4 halves vs HQQ-4 at matched bytes held",
+            _nearest({m: nbytes[m.name]["held"] for m in curve(4)}, nbytes[hqq4]["held"]), hqq4)
+    add(f"halves vs SnapKV@{p:g}", halves(), snapkv())
+    add(f"question-aware SnapKV vs halves@{p:g}", snapkv(aware=True), halves())
     return out
 
 
