@@ -40,6 +40,7 @@ model: setup
 # with more cores, timing-free notebooks in parallel (2 threads each) and notebooks with timing findings alone.
 # Resumable: a notebook whose cell finished with the same cache key is not run again. SWEEP_ARGS passes options,
 # e.g. `make notebooks SWEEP_ARGS="--address auto"` for a Ray cluster; `python -m sparsekv notebooks run` is serial.
+# Notebooks 08, 12 and 13 read their long grids from results/stored/ (suite.stored); SWEEP_ARGS=--fresh computes them.
 SWEEP_ARGS ?=
 notebooks: setup model
 	$(PY) -m sparsekv notebooks run --sweep $(SWEEP_ARGS)

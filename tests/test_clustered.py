@@ -299,6 +299,35 @@ def test_verdict_words_come_from_the_tests_and_never_say_equal():
     assert cs.verdict(kl, unit="nats").startswith("not shown equivalent within ±0.01 nats")
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_outcome_is_the_decision_verdict_words(seed):
+    """`outcome` is what reports and findings count: it must be the decision `verdict` words, on fresh data of
+    every kind, at the result's own p and at a replaced (Holm) one."""
+    rng = np.random.default_rng(100 + seed)
+    a, b, docs = clustered_pairs(rng, int(rng.integers(5, 40)), shift=float(rng.normal(0, 0.3)), sd_doc=0.2)
+    y, ydocs = clustered_accuracy(rng, int(rng.integers(5, 40)), 4)
+    z = y.copy()
+    z[rng.choice(len(z), size=int(rng.integers(0, 8)), replace=False)] ^= True
+    results = [cs.paired_difference(a, b, docs, reps=300), cs.paired_difference(y, z, ydocs, reps=300),
+               cs.noninferiority(y, z, ydocs, 0.05), cs.equivalence(y, z, ydocs, 0.05),
+               cs.noninferiority(a, b, docs, 0.1, higher_is_better=False)]
+    for r in results:
+        for p in (None, float(rng.uniform(0, 0.1)), 0.5):
+            o, word = cs.outcome(r, p=p), cs.verdict(r, p=p)
+            expected = {1: ("higher", "non-inferior", "equivalent"), -1: ("lower",),
+                        0: ("no difference shown", "direction unclear", "not shown")}[o]
+            assert word.startswith(expected), (o, word)
+
+
+def test_outcome_refuses_what_is_not_a_result_or_a_p():
+    a, b, docs = clustered_pairs(np.random.default_rng(3), 10, shift=0.5, sd_doc=0.2)
+    r = cs.paired_difference(a, b, docs, reps=200)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
+        cs.outcome(r, p=1.5)
+    with pytest.raises(TypeError, match="result must be a Difference"):
+        cs.outcome(object(), p=0.01)
+
+
 def test_zero_variance_makes_no_claim():
     y, docs = clustered_accuracy(np.random.default_rng(18), 10, 4)
     e = cs.equivalence(y, y, docs, 0.05)                                      # identical answers everywhere

@@ -46,3 +46,18 @@ def test_every_committed_figure_is_drawn_by_a_notebook_or_a_benchmark():
     orphans = [p.name for p in [*(REPO / "figures").glob("*.png"), *(REPO / "benchmarks" / "results").glob("*.png")]
                if p.name not in named and p.name not in redrawn and not p.name.startswith(prefixes or ("\0",))]
     assert orphans == []
+
+
+def test_the_readme_course_lists_every_course_notebook_once_and_at_most_fourteen():
+    """Issue 56: a course of at most 14 numbered notebooks, each a row of the README's course table (or its
+    appendix line); archived notebooks are linked only under notebooks/archive/."""
+    text = (REPO / "README.md").read_text()
+    text = text[text.index("### The course"):]
+    text = text[:text.index("Archived,")]
+    course = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    linked = re.findall(r"\]\(notebooks/([0-9][0-9]_[\w-]+\.ipynb)\)", text)
+    assert len(course) <= 14, course
+    assert sorted(linked) == course, {"not linked": sorted(set(course) - set(linked)),
+                                      "linked twice or not in the course": sorted(set(linked) - set(course)
+                                                                                  | {n for n in linked
+                                                                                     if linked.count(n) > 1})}

@@ -11,6 +11,7 @@ never questions. Inputs are per-question arrays aligned with `docs`, an array of
     equivalence(a, b, docs, margin)      two one-sided tests (TOST) against a margin stated in advance
     holm(pvalues)                        Holm's step-down adjustment, in input order
     verdict(result)                      the words a result allows ("higher", "no difference shown (p = 0.3)", ...)
+    outcome(result)                      the same decision as a number (+1 higher / shown, -1 lower, 0 neither)
     Contrast, ContrastPlan, ContrastTable
                                          contrasts declared before the data are read; one Holm family; one row each
 
@@ -476,6 +477,26 @@ def _fmt_margin(margin: float, binary: bool, unit: str) -> str:
     return f"{margin:g} {unit}".rstrip()
 
 
+def outcome(result: Difference | NonInferiority | Equivalence, *, alpha: float = 0.05, p: float | None = None) -> int:
+    """What `result` allows at `alpha`, as a number (`verdict` words the same decision; findings and reports count
+    with this, never by parsing words): a Difference, +1 "higher" (a above b), -1 "lower", 0 "no difference shown"
+    or a direction the test and the mean disagree on; a NonInferiority or Equivalence, 1 shown, 0 not shown.
+    `p` replaces the result's p-value (e.g. Holm-adjusted)."""
+    alpha = _alpha(alpha)
+    if p is None:
+        p = result.p
+    elif not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"p must be in [0, 1], got {p!r}")
+    if p >= alpha:
+        return 0
+    if isinstance(result, Difference):
+        sign = int(np.sign(result.estimate))
+        return sign if result.direction == sign else 0
+    if isinstance(result, (NonInferiority, Equivalence)):
+        return 1
+    raise TypeError(f"result must be a Difference, NonInferiority or Equivalence, got {type(result).__name__}")
+
+
 def verdict(result: Difference | NonInferiority | Equivalence, *, alpha: float = 0.05, p: float | None = None,
             unit: str = "") -> str:
     """The words `result` allows at `alpha`, from its test only; `p` replaces its p-value (e.g. Holm-adjusted).
@@ -491,22 +512,21 @@ def verdict(result: Difference | NonInferiority | Equivalence, *, alpha: float =
         p = result.p
     elif not isinstance(p, (int, float)) or not 0 <= p <= 1:
         raise ValueError(f"p must be in [0, 1], got {p!r}")
-    shown = _fmt_p(p)
+    shown, decided = _fmt_p(p), outcome(result, alpha=alpha, p=p)        # the decision is `outcome`'s
     if isinstance(result, Difference):
         if p >= alpha:
             return f"no difference shown ({shown})"
-        sign = int(np.sign(result.estimate))
-        if result.direction != sign:
+        if decided == 0:
             return (f"direction unclear: the test ({result.test}) and the mean over questions point different "
                     f"ways ({shown})")
-        return f"{'higher' if sign > 0 else 'lower'} ({shown})"
+        return f"{'higher' if decided > 0 else 'lower'} ({shown})"
     why = "; no variance across documents to test" if getattr(result, "note", "") == _DEGENERATE else ""
     if isinstance(result, NonInferiority):
         within = f"non-inferior within {_fmt_margin(result.margin, result.binary, unit)}"
-        return f"{within} ({shown})" if p < alpha else f"not shown {within} ({shown}{why})"
+        return f"{within} ({shown})" if decided else f"not shown {within} ({shown}{why})"
     if isinstance(result, Equivalence):
         within = f"equivalent within ±{_fmt_margin(result.margin, result.binary, unit)}"
-        return f"{within} ({shown})" if p < alpha else f"not shown {within} ({shown}{why})"
+        return f"{within} ({shown})" if decided else f"not shown {within} ({shown}{why})"
     raise TypeError(f"result must be a Difference, NonInferiority or Equivalence, got {type(result).__name__}")
 
 
@@ -569,6 +589,7 @@ class ContrastRow:
     verdict: str
     n_questions: int = 0                             # paired questions behind the estimate
     n_docs: int = 0                                  # documents they come from (the unit of replication)
+    outcome: int = 0                                 # the verdict as a number (`outcome`, on p_adj): count with this
 
 
 class ContrastPlan:
@@ -656,7 +677,7 @@ class ContrastPlan:
         adjusted = holm([r.p for _, r, _ in results])
         rows = tuple(ContrastRow(c.name, c.kind, c.method_a, c.method_b, c.margin, r.estimate, r.lo, r.hi, level, r.p,
                                  float(q), r.a_only, r.b_only, verdict(r, alpha=self.alpha, p=float(q), unit=c.unit),
-                                 r.n_questions, r.n_docs)
+                                 r.n_questions, r.n_docs, outcome(r, alpha=self.alpha, p=float(q)))
                      for (c, r, level), q in zip(results, adjusted))
         return ContrastTable(self, rows)
 

@@ -395,7 +395,8 @@ def contrast_key(tag: str, name: str) -> str:
 def metrics(st: TailStudy, tag: str) -> tuple[dict, dict]:
     """(metrics, kinds) under `tag` (a model and length, e.g. "smollm2_2k"): loss.<tag>.<kind>.<method>.nll, .delta,
     .ci_lo, .ci_hi (over documents), .docs_worse; every declared contrast as `contrast_key` (the estimate) with
-    .ci_lo, .ci_hi, .p_raw, .p_holm and .docs; dense_vs_hf.<tag>.<kind> with .ci_lo, .ci_hi; bytes.<tag>.<method>.read
+    .ci_lo, .ci_hi, .p_raw, .p_holm, .docs and .outcome
+    (`clustered.outcome` on the Holm p: +1 higher or shown, -1 lower, 0 neither); dense_vs_hf.<tag>.<kind> with .ci_lo, .ci_hi; bytes.<tag>.<method>.read
     and .held (over bf16 dense); held_model.<tag>.<method> (measured over modelled); run_s.<tag>; the run's size:
     tokens.<tag> (scored per kind), docs.<tag>, doc0.<tag>, length.<tag>, tail.<tag>, budget.<tag>, margin.<tag>."""
     cfg = st.config
@@ -413,7 +414,8 @@ def metrics(st: TailStudy, tag: str) -> tuple[dict, dict]:
         key = contrast_key(tag, r.name)
         m[key], m[key + ".ci_lo"], m[key + ".ci_hi"] = r.estimate, r.lo, r.hi
         m[key + ".p_raw"], m[key + ".p_holm"], m[key + ".docs"] = r.p_raw, r.p_adj, r.n_docs
-        kinds[key + ".docs"] = "exact"
+        m[key + ".outcome"] = r.outcome
+        kinds[key + ".docs"] = kinds[key + ".outcome"] = "exact"
     for kind, b in st.agree.items():
         key = f"dense_vs_hf.{tag}.{kind}"
         m[key], m[key + ".ci_lo"], m[key + ".ci_hi"] = b["mean"], b["lo"], b["hi"]

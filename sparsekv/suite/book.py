@@ -48,7 +48,8 @@ BANNER = {
     "source": "**Not executed:** the committed notebook, without outputs. Run `make notebooks`, then `make book`.",
 }
 STALE = " The notebook has changed since this run: its cells differ from the committed ones."
-ARCHIVED = "**Archived:** superseded by notebook 24; its full-run figures stay in the findings page."
+ARCHIVED = ("**Archived:** out of the course (superseded, merged, or awaiting a rerun with documents as the unit: see the "
+            "archive's README); its full-run figures stay in the findings page.")
 EXPLORER = "**A live explorer:** its controls need a kernel. Open it with `make lab` (`explorers/{name}`)."
 LINK = re.compile(r"(\]\(|<img [^>]*src=\")([^)\"#\s]+)")    # markdown links and images, and HTML <img>
 

@@ -15,6 +15,10 @@
               `suite.cpuconfig`'s configurations, and the baseline keeps how far the two differ
               (`regression.record_spread`: a metric's tolerance on another CPU is derived from it).
 
+    --fresh   run mode: recompute every long grid a notebook would read from results/stored/ (`suite.stored`:
+              its `stored_dir` parameter set to ""), and store nothing. Without it, a course run reads the grids
+              committed for the notebooks' own parameters (about 65 minutes of computation) and computes any other.
+
     --sweep   any mode, with the notebooks as the cells of one Ray sweep (`suite.sweep`) under OUT/sweep/:
               parallel where there are more cores than one notebook's threads (`--workers`, `--threads`), on a
               cluster with `--address`, and resumable (a notebook whose cell finished with the same cache key is
@@ -79,16 +83,29 @@ def smoke_parameters(stem: str, root: Path | str = ".") -> dict:
     return check_parameters(params, stem)          # JSON values only (suite.params): refused before any notebook runs
 
 
+def parameters_for(paths: list[Path], mode: str, root: Path | str = ".", fresh: bool = False) -> dict[str, dict]:
+    """Each notebook's injected parameters: none in "run" mode (its own), else its smoke parameters; with `fresh`,
+    `stored_dir` set to "" in every notebook that has that parameter, so it computes its grids (`suite.stored`)."""
+    from .sweep import notebook_parameters
+    params = {p.stem: {} if mode == "run" else smoke_parameters(p.stem, root) for p in paths}
+    if fresh:
+        for p in paths:
+            if "stored_dir" in notebook_parameters(p):
+                params[p.stem]["stored_dir"] = ""
+    return params
+
+
 def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
             timeout: int | None = None, stream=sys.stdout, root: Path | str = ".", cpu: str = "native",
             sweep: bool = False, address: str | None = None, workers: int | None = None,
-            threads: int | None = None) -> list[NotebookRun]:
+            threads: int | None = None, fresh: bool = False) -> list[NotebookRun]:
     """Run the selected notebooks in `mode` ("run", "smoke" or "baseline"), printing progress.
 
     cpu: a configuration of `suite.cpuconfig` the notebooks' kernels are forced into ("native": none).
     sweep (or an `address`): run the notebooks as the cells of one Ray sweep (`suite.sweep.run_jobs`) in
     `out/sweep/`, instead of one after another; see `sweep_jobs` for the CPUs each gets. A notebook whose cell
     finished before with the same key is not run again.
+    fresh: set `stored_dir` to "" in every notebook that has that parameter (`suite.stored`): compute every grid.
     """
     from . import cpuconfig
     env = cpuconfig.environment(cpu)
@@ -103,7 +120,7 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
         out = out or root / "build" / "notebooks" / ("spread" if mode == "spread" else "smoke")
         figures = out / "figures"
     timeout = timeout or (3600 if mode == "run" else 300)
-    params = {p.stem: {} if mode == "run" else smoke_parameters(p.stem, root) for p in paths}
+    params = parameters_for(paths, mode, root, fresh)
     if mode in ("baseline", "spread") and (sweep or address is not None):
         raise ValueError(f"{mode} runs notebooks one after another on this machine: drop --sweep")
     if mode == "spread":
@@ -278,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: the current folder)")
     ap.add_argument("--cpu", choices=["native", "alt"], default="native",
                     help="force the notebooks' kernels into a CPU configuration (suite.cpuconfig; default: none)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="compute every long grid instead of reading results/stored/ (suite.stored)")
     ap.add_argument("--sweep", action="store_true",
                     help="run the notebooks as cells of one Ray sweep (resumable; parallel where there are cores)")
     ap.add_argument("--address", default=None, help="with --sweep: a Ray cluster ('auto' or ray://host:port)")
@@ -286,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         runs = run_all(args.mode, args.names or None, args.out, args.timeout, root=args.root, cpu=args.cpu,
-                       sweep=args.sweep, address=args.address, workers=args.workers, threads=args.threads)
+                       sweep=args.sweep, address=args.address, workers=args.workers, threads=args.threads,
+                       fresh=args.fresh)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -73,8 +73,8 @@ def router_words(st: TailStudy, kind: str) -> str:
     presses = [m.name for m in st.lossy if m.family == "evict"]
     rows = [st.contrast(kind, f"{r} vs {p}") for p in presses]
     rows = [x for x in rows if x is not None]
-    lower = sum(x.verdict.startswith("lower") for x in rows)
-    higher = sum(x.verdict.startswith("higher") for x in rows)
+    lower = sum(x.outcome < 0 for x in rows)             # counted from the decision, never from its words
+    higher = sum(x.outcome > 0 for x in rows)
     said = f"{r} lower than {lower} of {len(rows)} presses, higher than {higher}" if rows else f"{r}"
     q8 = st.contrast(kind, f"{r} vs hqq8")
     if q8 is not None:
@@ -132,8 +132,12 @@ def table(st: TailStudy) -> list[dict]:
 
 def _supports(row, sign: int) -> float:
     """A hypothesis read on a declared contrast: its Holm-adjusted p when the estimate points the stated way (sign -1:
-    a's loss below b's; +1 above), else 1 (the data point the other way: no support)."""
-    return row.p_adj if row.estimate * sign > 0 else 1.0
+    a's loss below b's; +1 above), else 1 (the data point the other way: no support). A Holm p below the plan's
+    alpha (0.05, the checks' threshold) counts only where the recorded decision (`row.outcome`) is the stated
+    direction, so a check never reads support where the verdict says "direction unclear"."""
+    if row.estimate * sign <= 0 or (row.p_adj < 0.05 and row.outcome != sign):
+        return 1.0
+    return row.p_adj
 
 
 def checks(st: TailStudy, tag: str, checks_: Checks | None = None, min_docs: int = 4) -> Checks:

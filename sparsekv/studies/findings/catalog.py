@@ -15,7 +15,6 @@ from . import (
     n11_serving_agents,
     n12_hybrid_long_context,
     n13_routers,
-    n18_two_turn_dialogues,
     n22_tail_loss,
 )
 from .archive import (
@@ -24,6 +23,7 @@ from .archive import (
     n15_paired_questions_gemma,
     n16_router_halves,
     n17_paired_questions_gemma_8k,
+    n18_two_turn_dialogues,
     n19_question_rule,
     n20_paired_questions_gemma_16k,
     n21_task_family_gemma,
@@ -47,7 +47,7 @@ NOTEBOOKS = (
     n14_paired_questions,               # (archived)
     n15_paired_questions_gemma,         # (archived)
     n17_paired_questions_gemma_8k,      # (archived)
-    n18_two_turn_dialogues,
+    n18_two_turn_dialogues,             # (archived)
     n19_question_rule,                  # (archived)
     n20_paired_questions_gemma_16k,     # (archived)
     n21_task_family_gemma,              # (archived)

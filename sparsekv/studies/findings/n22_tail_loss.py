@@ -66,13 +66,13 @@ def tail_finding(n: str, tag: str, model: str, scope: str) -> Finding:
 
 
 def _holm(m: Metrics, n: str, key: str, margin: str | None = None) -> str:
-    """A declared contrast's words from its Holm-adjusted p (0.05) and sign, as `clustered.verdict` words them:
-    "lower"/"higher" or "no difference shown"; with `margin`, non-inferiority's."""
-    est, p = m[n][key], m[n][key + ".p_holm"]
+    """A declared contrast's words from its recorded decision (`.outcome`: `clustered.outcome` on the Holm p, the
+    decision `clustered.verdict` words): "lower"/"higher" or "no difference shown"; with `margin`, non-inferiority's."""
+    est, p, decided = m[n][key], m[n][key + ".p_holm"], m[n][key + ".outcome"]
     said = f"{est:+.3f} [{m[n][key + '.ci_lo']:+.3f}, {m[n][key + '.ci_hi']:+.3f}], Holm p = {p:.2g}"
     if margin is not None:
-        return f"{'non-inferior' if p < 0.05 else 'not shown non-inferior'} within {margin} ({said})"
-    return f"{('lower' if est < 0 else 'higher') if p < 0.05 else 'no difference shown'} ({said})"
+        return f"{'non-inferior' if decided else 'not shown non-inferior'} within {margin} ({said})"
+    return f"{('lower' if decided < 0 else 'higher') if decided else 'no difference shown'} ({said})"
 
 
 def _presses(m: Metrics, n: str, tag: str, kind: str, budget: int = 256) -> list[str]:
@@ -91,9 +91,9 @@ def _router_vs_presses(n: str, tag: str, kind: str):
     """The named router's declared contrasts with every press on `kind`: how many lower, higher, undecided."""
     def f(m: Metrics) -> str:
         keys = [f"contrast.{tag}.{kind}.halves@256_vs_{p}@256" for p in _presses(m, n, tag, kind)]
-        ps = [(m[n][k], m[n][k + ".p_holm"]) for k in keys]
-        lower = sum(e < 0 and p < 0.05 for e, p in ps)
-        higher = sum(e > 0 and p < 0.05 for e, p in ps)
+        ps = [(m[n][k], m[n][k + ".outcome"]) for k in keys]
+        lower = sum(o < 0 for _, o in ps)                # the recorded decisions, as tail_report counts them
+        higher = sum(o > 0 for _, o in ps)
         est = sorted(e for e, _ in ps)
         return (f"lower than {lower} of {len(ps)} presses, higher than {higher}, no difference shown against "
                 f"{len(ps) - lower - higher} (estimates {est[0]:+.3f} to {est[-1]:+.3f})")

@@ -1,7 +1,7 @@
-"""Notebook 18's finding (`notebooks/18_two_turn_dialogues.ipynb`): two-turn dialogues, counterbalanced, Gemma 3 at
-2k tokens."""
-from .finding import Finding, Metrics
-from .paired_words import BUDGET, best_pair, versus_pair, vs_dense
+"""Archived notebook 18's finding (`notebooks/archive/18_two_turn_dialogues.ipynb`): two-turn dialogues,
+counterbalanced, Gemma 3 at 2k tokens."""
+from ..finding import Finding, Metrics
+from ..paired_words import BUDGET, best_pair, versus_pair, vs_dense
 
 N18 = "18_two_turn_dialogues"                  # notebook 18: two-turn dialogues, counterbalanced, Gemma 3 at 2k
 
