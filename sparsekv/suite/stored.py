@@ -174,7 +174,7 @@ def compute_or_read(folder: str | Path, name: str, key: dict, compute: Callable[
     provenance. `key`: a str-keyed dict of JSON values (`suite.params.check`: no tuple, no NaN), the notebook
     parameters `compute` reads."""
     stream = sys.stdout if stream is None else stream
-    if type(folder) not in (str,) and not isinstance(folder, Path):
+    if not isinstance(folder, (str, Path)):
         raise TypeError(f"folder must be a str or Path ('' stores nothing), got {type(folder).__name__}")
     key = check_parameters(key, f"stored key of {name!r}")
     path = path_of(folder, name, key) if str(folder) else None
