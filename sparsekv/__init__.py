@@ -7,10 +7,11 @@ Importing this package has no side effects, needs no GPU and imports no submodul
 The data path reads one way, each layer importing only those below it:
 
     the runtime:  kernels -> core -> storage -> routing -> attention -> model -> serving
-    research:     analysis, recall -> studies -> suite
+    research:     analysis, recall, methods -> suite -> studies
     (kernels/ is installed as sparsekv.kernels; the runtime never imports the research side)
 analysis/ holds instruments (metrics, probes, prompts, observation, statistics, corpus, workloads, peers, sweeps);
-studies/ holds one module per notebook, built from them.
+suite/ the machinery that knows no study (runner, sweep, checks, explorers, figures' style); studies/ each study's
+run, report and findings, built from them.
 
 Every public name keeps its place at the top level (sparsekv.BlockStore, sparsekv.Router, ...).
 """

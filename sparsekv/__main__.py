@@ -3,8 +3,8 @@
     notebooks run|smoke|baseline [names]   the papermill runner (suite.runner)
     train ...                              train a recall model (recall.train)
     fetch [--root DIR]                     fetch and verify the real model (model.fetch)
-    findings [--check]                     re-render docs/findings.md from the metrics (suite.findings)
-    frontpage [--check]                    re-render the README's results table from the study's rows (suite.frontpage)
+    findings [--check]                     re-render docs/findings.md from the metrics (studies.findings.page)
+    frontpage [--check]                    re-render the README's results table (studies.equal_bytes.frontpage)
     calibrate [--model M]                  calibrate the `labels` router's channels (analysis.calibrate)
     sweep NOTEBOOK --grid G.yaml           a parameter grid over a notebook, on Ray (suite.sweep)
     book [--out DIR]                       the static site of the docs and executed notebooks (suite.book)
@@ -15,9 +15,9 @@ import importlib
 import sys
 
 COMMANDS = {"notebooks": "sparsekv.suite.runner", "train": "sparsekv.recall.train",
-            "fetch": "sparsekv.model.fetch", "findings": "sparsekv.suite.findings",
+            "fetch": "sparsekv.model.fetch", "findings": "sparsekv.studies.findings.page",
             "calibrate": "sparsekv.analysis.calibrate", "sweep": "sparsekv.suite.sweep",
-            "book": "sparsekv.suite.book", "frontpage": "sparsekv.suite.frontpage"}
+            "book": "sparsekv.suite.book", "frontpage": "sparsekv.studies.equal_bytes.frontpage"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,8 @@ below; each subpackage's docstring states its number):
     the runtime   0 kernels < 1 core < 2 storage < 3 routing < 4 attention < 5 model < 6 serving
     research      7 analysis, recall, methods (the instruments and what a study compares; siblings that do not
                   import each other)
-                  < 8 studies (one module per notebook or benchmark, and the findings' prose)
-                  < 9 suite (the runner, the findings page, explorers, viz)
+                  < 8 suite (machinery that knows no study: the runner, sweep, checks, regression, explorers, viz)
+                  < 9 studies (each study's run, report and findings, as a module or a folder; the findings page)
 
 The runtime never imports the research side, at module level or inside a function.
 """
@@ -25,7 +25,7 @@ from sparsekv.analysis.probes import ProbeConfig, needle
 
 PKG = pathlib.Path(sk.__file__).parent
 LAYER = {"kernels": 0, "core": 1, "storage": 2, "routing": 3, "attention": 4, "model": 5, "serving": 6,
-         "analysis": 7, "recall": 7, "methods": 7, "studies": 8, "suite": 9}
+         "analysis": 7, "recall": 7, "methods": 7, "suite": 8, "studies": 9}
 RUNTIME = {name for name, layer in LAYER.items() if layer <= LAYER["serving"]}
 RESEARCH = set(LAYER) - RUNTIME
 
@@ -105,6 +105,22 @@ def test_each_subpackage_states_its_layer(name):
     doc = ast.get_docstring(ast.parse((PKG / name / "__init__.py").read_text()))
     # "Layer N (...)" as the first words, N from LAYER
     assert doc.startswith(f"Layer {LAYER[name]} "), f"sparsekv.{name}'s docstring opens {doc[:40]!r}"
+
+
+STUDY_FOLDERS = sorted(p.parent for p in (PKG / "studies").glob("*/__init__.py") if p.parent.name != "findings")
+
+
+@pytest.mark.parametrize("folder", STUDY_FOLDERS, ids=[p.name for p in STUDY_FOLDERS])
+def test_a_study_folder_names_each_of_its_parts(folder):
+    """A study is one folder (issue 54): its run, its report and, where it has any, its findings. Its docstring names
+    every module in it, so a reader finds each part from the folder's first lines; and the suite below it names no
+    study (the layer rule above: suite is layer 8, studies 9)."""
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+    parts = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    assert "report" in parts, f"studies/{folder.name} has no report module"
+    missing = [p for p in parts if f"\n    {p} " not in f"\n{doc}"]
+    assert not missing, f"studies/{folder.name}/__init__.py's docstring does not name {missing}"
+    assert LAYER["suite"] < LAYER["studies"]
 
 
 

@@ -71,7 +71,7 @@ def test_a_name_parses_back_to_its_method_and_nothing_else_parses():
 def test_the_figures_style_a_method_by_its_fields():
     """Curves are styled from the parsed Method: a router by its scorer (a circle at 16-token blocks, hollow over
     int codes, dashed when the question is routed), a press by its own marker, HQQ and dense apart."""
-    from sparsekv.suite import equal_bytes_report as rep
+    from sparsekv.studies.equal_bytes import report as rep
     from sparsekv.suite import viz
     st = {n: rep.style(mt.parse(n)) for n in ("halves/16@0.125", "mean/8@0.125", "int4 halves/16@0.125",
                                               "halves/16, routed question@0.125", "SnapKV@0.125",

@@ -8,8 +8,7 @@ from conftest import REPO
 import sparsekv as sk
 from sparsekv.analysis import probes, sweeps
 from sparsekv.model import fetch
-from sparsekv.studies import explore
-from sparsekv.suite import explorers
+from sparsekv.suite import explore, explorers
 
 MODEL = REPO / "data/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 

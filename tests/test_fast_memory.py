@@ -58,7 +58,7 @@ def test_bad_settings_are_refused_before_any_work(net):
 def test_the_table_and_figure_read_the_rows(net, tmp_path):
     import pandas as pd
 
-    from sparsekv.suite import equal_bytes_report as rep
+    from sparsekv.studies.equal_bytes import report as rep
     rows = []
     for d in range(2):
         meta = {"model": "tiny", "length": 200, "task": "toy", "doc": d}

@@ -117,8 +117,8 @@ def test_mean_and_halves_differ_in_marker_as_well_as_hue():
 def _study(ties: bool):
     """A hand-built paired study of 6 questions: minmax, halves and the presses; with `ties`, no non-oracle method
     answers any (the case whose title named a "best" picked among zeros)."""
-    from sparsekv.studies import paired
     from sparsekv.studies import questions as qs
+    from sparsekv.studies.paired import study as paired
     cfg = paired.StudyConfig("m.gguf", task_names=["passkey"], scorers=["minmax", "halves", "oracle"],
                              presses=["SnapKVPress", "TOVAPress"], bits=[2])
     st = paired.Study(cfg, "SmolLM2-135M", None, qs.lossless_methods(cfg.scorers, [256]),
@@ -143,7 +143,7 @@ def _study(ties: bool):
 def test_the_paired_figures_pass_and_their_titles_name_no_best_among_ties(tmp_path, ties):
     """accuracy_figure's title said "best non-oracle method: passkey minmax@256" when every non-oracle method answered
     0 of 6 (notebook 21) and on 6 questions (notebook 20): it now states the count, the tie or that none answered."""
-    from sparsekv.suite import paired_report
+    from sparsekv.studies.paired import report as paired_report
     st = _study(ties)
     for draw in (paired_report.accuracy_figure, paired_report.bytes_figure, paired_report.agreement_figure):
         fig = draw(st, tmp_path / f"{draw.__name__}.png")       # raises FigureError on a failing figure
@@ -158,7 +158,7 @@ def test_the_paired_figures_pass_and_their_titles_name_no_best_among_ties(tmp_pa
 def test_a_bytes_figure_discloses_its_dodge(tmp_path):
     """The presses and routers share 0.12 of dense's bytes read: they are dodged about it, a grey line marks the
     true value, and the legend says so (the old 4% spread was undisclosed)."""
-    from sparsekv.suite import paired_report
+    from sparsekv.studies.paired import report as paired_report
     fig = paired_report.bytes_figure(_study(False), tmp_path / "b.png")
     leg = fig.axes[1].get_legend()
     assert "dodged by 4%" in leg.get_title().get_text()

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from conftest import REPO
 
-from sparsekv.suite import findings
+from sparsekv.studies.findings import page as findings
 
 CITED = sorted({src for f in findings.FINDINGS for src in f.values.values() if not callable(src)})
 
@@ -43,8 +43,9 @@ def test_a_missing_metric_is_named():
 
 
 def test_the_catalog_lists_every_notebook_module_once():
-    """The page's findings are the notebook modules' (studies/findings/nNN_*.py, archive/ included), each listed once
-    in the catalog and concatenated in its order: a module the catalog forgets would never reach the page."""
+    """The page's findings are the notebook modules' (studies/findings/nNN_*.py, archive/ included) and the study
+    folders' (studies/<study>/findings.py), each listed once in the catalog and concatenated in its order: a module
+    the catalog forgets would never reach the page."""
     import importlib
     import pathlib
 
@@ -52,6 +53,9 @@ def test_the_catalog_lists_every_notebook_module_once():
     folder = pathlib.Path(catalog.__file__).parent
     names = sorted(p.relative_to(folder).with_suffix("").as_posix().replace("/", ".") for p in folder.rglob("n[0-9]*.py"))
     modules = [importlib.import_module(f"sparsekv.studies.findings.{n}") for n in names]
+    studies = folder.parent
+    modules += [importlib.import_module(f"sparsekv.studies.{p.parent.name}.findings") for p in studies.glob("*/findings.py")]
+    assert any(m.__name__ == "sparsekv.studies.tail_loss.findings" for m in modules)
     # every notebook module, once
     assert sorted(m.__name__ for m in catalog.NOTEBOOKS) == sorted(m.__name__ for m in modules)
     # and the page's findings are theirs, in the catalog's order

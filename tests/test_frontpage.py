@@ -1,4 +1,4 @@
-"""The README's results table (suite.frontpage): rendered from the committed study rows, in declared order, never
+"""The README's results table (studies.equal_bytes.frontpage): rendered from the committed study rows, in declared order, never
 chosen by its results."""
 import shutil
 from pathlib import Path
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from sparsekv.studies.equal_bytes import analysis as an
-from sparsekv.suite import frontpage
+from sparsekv.studies.equal_bytes import frontpage
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -404,7 +404,7 @@ def test_hybrid_bytes_differ_only_in_the_global_layers():
 
 
 def test_a_study_config_names_the_bad_argument():
-    from sparsekv.studies import paired
+    from sparsekv.studies.paired import study as paired
     ok = paired.StudyConfig("model.gguf")
     assert ok.task_names == ("passkey", "multi-key", "fact-prose") and ok.presses == peers.PRESSES
     assert ok.int8_scorers == () and paired.StudyConfig("m.gguf", int8_scorers=["halves"]).int8_scorers == ("halves",)
@@ -464,7 +464,7 @@ def test_the_paired_bootstrap_on_hand_computed_cases():
 def test_the_best_method_leaves_out_dense_and_the_oracle_under_either_question_rule():
     """`Study.best` names the best method a reader can deploy: the oracle is left out under both rules (notebook 19's
     first figure named "oracle@256, routed question" the best non-oracle method), int8 dense is a method like any."""
-    from sparsekv.studies import paired
+    from sparsekv.studies.paired import study as paired
     cfg = paired.StudyConfig("m.gguf", task_names=["passkey"], scorers=["minmax", "oracle"],
                              rule_scorers=["minmax", "oracle"], presses=["SnapKVPress"], bits=[2])
     st = paired.Study(cfg, "m", None, qs.lossless_methods(cfg.scorers, [256], rule_scorers=cfg.rule_scorers),
@@ -480,7 +480,7 @@ def test_the_best_method_leaves_out_dense_and_the_oracle_under_either_question_r
 
 def _peered_study(acc_peered):
     """A hand-built Study: sparsekv's methods answered 100 questions, transformers' the first 6 (`peer_docs`)."""
-    from sparsekv.studies import paired
+    from sparsekv.studies.paired import study as paired
     cfg = paired.StudyConfig("m.gguf", task_names=["passkey"], docs=50, n_facts=2, scorers=["minmax", "oracle"],
                              presses=["SnapKVPress"], bits=[2], peer_docs=3)
     st = paired.Study(cfg, "m", None, qs.lossless_methods(cfg.scorers, [256]),
@@ -499,7 +499,7 @@ def test_with_peers_on_fewer_documents_a_comparison_with_a_peer_reads_the_shared
     (`Study.acc_shared`), never a router's 100 against a press's 6, and the min_questions invariant covers sparsekv's
     methods only. Here minmax answers 70% of its 100 but 3 of the peers' 6, where SnapKV answers 4: the best-router
     claim fails on the shared questions though it would pass on the unmatched ones."""
-    from sparsekv.suite import paired_report
+    from sparsekv.studies.paired import report as paired_report
     shared = {"dense": 4, "oracle@256": 4, "minmax@256": 3, "hf dense": 4, "SnapKV@256": 4, "hqq2": 0}
     st = _peered_study(shared)
     assert st.acc_shared is st.acc_peered and st.best("passkey") == "SnapKV@256"
@@ -521,7 +521,7 @@ def test_with_peers_on_fewer_documents_a_comparison_with_a_peer_reads_the_shared
 def test_each_task_may_have_its_own_documents_and_facts():
     """docs and n_facts: one int for every task, or a dict naming every task (notebook 21: 5 fact-code documents of
     24 facts, 104 common-words documents of 1); the dict is the config's own copy."""
-    from sparsekv.studies import paired
+    from sparsekv.studies.paired import study as paired
     docs = {"fact-code": 5, "common-words": 104}
     cfg = paired.StudyConfig("m.gguf", task_names=["fact-code", "common-words"], docs=docs,
                              n_facts={"fact-code": 24, "common-words": 1}, peer_docs=5)
@@ -538,7 +538,7 @@ def test_a_bfloat16_study_holds_its_dense_engines_to_a_paired_test_not_a_five_pe
     all one way (p = 0.03) fail it."""
     import dataclasses
 
-    from sparsekv.suite import paired_report
+    from sparsekv.studies.paired import report as paired_report
     assert stats.mcnemar([True] * 6, [False] * 6)["p"] == 2 / 2 ** 6           # 6 one way: p = 0.031
     for prefill, a_only, b_only, holds in (("float32", 1, 0, False), ("bfloat16", 1, 0, True),
                                            ("bfloat16", 6, 0, False)):
@@ -558,7 +558,7 @@ def test_every_method_is_tested_against_its_own_engine_s_dense_and_the_best_rout
     documents (`peer_docs`): sparsekv's methods against sparsekv's dense on all 12, transformers' against
     transformers' dense on their 6; the best router, press and quantiser picked on the 6 questions all answered, and
     paired there. Every count and exact p below is worked by hand (p = 2 * P(Binomial(n, 1/2) <= min count))."""
-    from sparsekv.studies import paired
+    from sparsekv.studies.paired import study as paired
     cfg = paired.StudyConfig("m.gguf", task_names=["passkey"], docs=4, n_facts=3, scorers=["minmax", "halves", "oracle"],
                              presses=["SnapKVPress", "TOVAPress"], bits=[4, 2], peer_docs=2)
     st = paired.Study(cfg, "m", None, qs.lossless_methods(cfg.scorers, [256]),
@@ -585,7 +585,7 @@ def test_every_method_is_tested_against_its_own_engine_s_dense_and_the_best_rout
     assert (m["vs_dense.passkey.TOVA@256.a_only"], m["vs_dense.passkey.TOVA@256.b_only"]) == (1, 3)
     assert m["best.passkey.router_vs_press.p"] == 0.25 and kinds["best.passkey.router_vs_press.a_only"] == "exact"
     assert "vs_dense.passkey.dense.p" not in m and "vs_dense.passkey.hf dense.p" not in m
-    from sparsekv.suite import paired_report
+    from sparsekv.studies.paired import report as paired_report
     table = paired_report.vs_dense_table(st).splitlines()
     assert len(table) == 2 + 7 + 2                            # header, rule, 7 methods, the 2 best pairs
     assert table[-2].startswith("passkey: best router vs best press:")

@@ -82,8 +82,10 @@ def test_a_killed_sweep_reruns_only_the_missing_cells(tmp_path, ray2):
     assert any((Path(ray_tmp) / "ray").glob("session_*")), "the killed sweep did not start a Ray of its own"
     _kill_tree(ray_tmp)                                  # what has not already exited with its driver
     time.sleep(3)        # an orphaned kernel's parent poller ends it within a second: let any in-flight line land
-    done = {p.parent.name for p in (out / "cells").glob("*/status.json")}
-    assert 1 <= len(done) < 3
+    status = {p.parent.name: json.loads(p.read_text()) for p in (out / "cells").glob("*/status.json")}
+    # a cell killed in flight may still record itself as failed (its kernel died): that one must run again
+    done = {k for k, st in status.items() if st["status"] == "ok"}
+    assert 1 <= len(done) < 3, {k: (st["status"], st["error"]) for k, st in status.items()}
     t0 = time.time()
     res = sw.sweep(TINY, sw.Grid.from_dict(spec), out, workers=2, progress=False)
     assert sorted(res.skipped) == sorted(done) and len(res.ran) == 3 - len(done) and not res.failed

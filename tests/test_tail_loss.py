@@ -7,8 +7,8 @@ import torch
 
 from sparsekv.analysis import peers
 from sparsekv.studies import questions as qs
-from sparsekv.studies import tail_loss as tl
-from sparsekv.suite import tail_report
+from sparsekv.studies.tail_loss import report as tail_report
+from sparsekv.studies.tail_loss import study as tl
 
 
 @pytest.mark.parametrize("kw, arg", [
@@ -136,6 +136,24 @@ def test_the_checks_read_the_contrasts_they_name():
     rows = tail_report.table(st)
     assert {r["method"] for r in rows} == set(st.methods) and rows[0]["docs worse"] == "0/8"
     assert [r["contrast"] for r in tail_report.contrast_table(st)] == list(st.contrasts.plan.names)
+
+
+def test_the_hypotheses_are_read_at_the_plan_s_alpha():
+    """Each hypothesis's threshold is the plan's alpha, not a constant: a plan re-evaluated at a far stricter alpha
+    (same contrasts, same pairs) turns every supported hypothesis into no support, and its checks say that alpha."""
+    from sparsekv.analysis import clustered
+    st = _study(_noisy({"halves@8": 0.1, "minmax@8": 0.5, "oracle@8": 0.01, "SnapKV@8": 0.5, "Knorm@8": 1.0,
+                        "hqq8": 0.01, "hqq2": 3.0}))
+    st.nbytes = {m: {"read": 0.5, "held": 0.5} for m in st.methods}
+    st.model_vs_held = {"hf dense": 1.0}
+    loose = {k: x for k, x in tail_report.checks(st, "t", min_docs=2).items() if x.role == "hypothesis"}
+    assert loose and all(x.passed for x in loose.values())
+    strict = clustered.ContrastPlan(st.contrasts.plan.contrasts, alpha=1e-40)
+    st.contrasts = strict.evaluate_pairs({c.name: tl._paired(st.rows, "prose", c.method_a, c.method_b)
+                                          for c in strict.contrasts})
+    tight = {k: x for k, x in tail_report.checks(st, "t", min_docs=2).items() if x.role == "hypothesis"}
+    assert tight.keys() == loose.keys() and not any(x.passed for x in tight.values())
+    assert {x.threshold for x in tight.values()} == {1e-40}
 
 
 def test_peer_losses_are_the_next_token_losses_of_the_tail(tiny_llama_hf):

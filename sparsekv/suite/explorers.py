@@ -22,8 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ..routing.router import Router
-from ..studies import explore
-from . import viz
+from . import explore, viz
 
 READOUT, FIGURE = "sparsekv-readout", "sparsekv-figure"
 

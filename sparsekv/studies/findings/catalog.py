@@ -3,6 +3,7 @@
 The order is the page's argument, not notebook number (04's cost of routing follows 01's mass recall; 16's router
 follows the paired studies it answers). A new notebook's findings are a new `nNN_<stem>.py` and one entry here.
 """
+from ..tail_loss import findings as n22_tail_loss
 from . import (
     n01_dense_vs_sparse_baselines,
     n03_lost_detail_probes,
@@ -15,7 +16,6 @@ from . import (
     n11_serving_agents,
     n12_hybrid_long_context,
     n13_routers,
-    n22_tail_loss,
 )
 from .archive import (
     n09_lossless_vs_lossy,

@@ -1,6 +1,6 @@
 """Archived notebook 23's finding (`notebooks/archive/23_tail_loss_gemma_8k.ipynb`): notebook 22's tail-loss harness
 on Gemma 3 270M at 8k tokens."""
-from ..n22_tail_loss import tail_finding
+from ...tail_loss.findings import tail_finding
 
 N23 = "23_tail_loss_gemma_8k"                   # tail loss of every family, Gemma 3 at 8k
 

@@ -3,7 +3,7 @@ documents as the unit and the declared contrasts Holm-adjusted (`tail_loss.plan`
 tail-loss harness before 2026-12-05 (intervals over tokens, "the best" router and press picked on the losses): the
 archived notebook 23's committed metrics, kept for comparison until a rerun replaces them."""
 from ...methods import best
-from .finding import PRESSES, Finding, Metrics, router_names
+from ..findings.finding import PRESSES, Finding, Metrics, router_names
 
 N22 = "22_tail_loss"                                    # tail loss of every family: SmolLM2 at 2k
 

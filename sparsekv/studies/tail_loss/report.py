@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..studies.tail_loss import TailStudy
-from .report import Checks
+from ...suite.report import Checks
+from .study import TailStudy
 
 SYMLOG = 0.05          # nats: the y axis is linear within +-SYMLOG, logarithmic beyond (HQQ 2-bit is +3 nats)
 
 
 def _finish(fig, title: str, path):
-    from . import viz
+    from ...suite import viz
     fig.suptitle(title, fontsize=10, wrap=True)
     if path is not None:
         viz.save(fig, path, dpi=120)
@@ -46,7 +46,7 @@ def delta_figure(st: TailStudy, path: str | Path | None = None):
     right. The title states the declared contrasts of the named router (Holm-adjusted)."""
     import matplotlib.pyplot as plt
 
-    from . import viz
+    from ...suite import viz
     cfg, methods = st.config, [m for m in st.methods if m not in ("dense", "hf dense")]
     fig, axes = plt.subplots(1, len(cfg.kinds), figsize=(max(7.0, 5.2 * len(cfg.kinds)), 4.8), sharey=True,
                              squeeze=False)
@@ -94,16 +94,15 @@ def contrast_table(st: TailStudy) -> list[dict]:
 def bytes_figure(st: TailStudy, path: str | Path | None = None):
     """One row per kind of text: the excess loss over dense against K/V bytes read per decode step (left) and held
     (right), both over a bf16 dense cache (log). Methods at one x (the presses) are dodged by 4% each about it, as the
-    legend says (`paired_report._dodged`)."""
+    legend says (`viz.dodged`)."""
     import matplotlib.pyplot as plt
 
-    from . import viz
-    from .paired_report import _dodge_note, _dodged
+    from ...suite import viz
     cfg, methods = st.config, [m for m in st.methods if m not in ("dense", "hf dense")]
     fig, axes = plt.subplots(len(cfg.kinds), 2, figsize=(11.5, 3.6 * len(cfg.kinds)), sharey=True, squeeze=False)
     for row, kind in zip(axes, cfg.kinds):
         for ax, what in zip(row, ("read", "held")):
-            xs = _dodged(ax, [st.nbytes[m][what] for m in methods])
+            xs = viz.dodged(ax, [st.nbytes[m][what] for m in methods])
             for m, x in zip(methods, xs):
                 style = viz.method_style(st.family(m))
                 _errorbar(ax, x, st.summary[(kind, m)], style, capsize=2, ms=7, label=m)
@@ -113,7 +112,7 @@ def bytes_figure(st: TailStudy, path: str | Path | None = None):
             ax.set_title(f"{kind}", fontsize=9)
             ax.set(xlabel=f"K/V bytes {'read per decode step' if what == 'read' else 'held'} / bf16 dense (log)")
         row[0].set_ylabel("loss - own dense's (nats / token, 95% CI over documents)")
-    viz.legend_outside(axes[0][1], ncol=1, title=_dodge_note(), title_fontsize=7)
+    viz.legend_outside(axes[0][1], ncol=1, title=viz.dodge_note(), title_fontsize=7)
     r = st.nbytes[f"{cfg.scorers[0]}@{cfg.budget}"]
     return _finish(fig, f"{st.model_name} at {cfg.length} tokens: {cfg.scorers[0]}@{cfg.budget} reads {r['read']:.2f} "
                    f"of bf16 dense per step and holds {r['held']:.2f}; presses hold what they read", path)
@@ -130,12 +129,12 @@ def table(st: TailStudy) -> list[dict]:
     return out
 
 
-def _supports(row, sign: int) -> float:
+def _supports(row, sign: int, alpha: float) -> float:
     """A hypothesis read on a declared contrast: its Holm-adjusted p when the estimate points the stated way (sign -1:
     a's loss below b's; +1 above), else 1 (the data point the other way: no support). A Holm p below the plan's
-    alpha (0.05, the checks' threshold) counts only where the recorded decision (`row.outcome`) is the stated
+    `alpha` (also the checks' threshold) counts only where the recorded decision (`row.outcome`) is the stated
     direction, so a check never reads support where the verdict says "direction unclear"."""
-    if row.estimate * sign <= 0 or (row.p_adj < 0.05 and row.outcome != sign):
+    if row.estimate * sign <= 0 or (row.p_adj < alpha and row.outcome != sign):
         return 1.0
     return row.p_adj
 
@@ -149,15 +148,16 @@ def checks(st: TailStudy, tag: str, checks_: Checks | None = None, min_docs: int
     short tail); the byte model gives the bytes transformers' caches held within 1% (HQQ: 15%, its
     packing). Gated finding: HQQ 2-bit departs more from dense than HQQ 8-bit (the lower end of the paired interval
     over documents above 0). Hypotheses (stated before the run; verdicts recorded, never failing it), each read on a
-    declared contrast's Holm-adjusted p (`tail_loss.plan`, alpha 0.05, in the stated direction): 1. the oracle
-    departs less from dense than `minmax` at the budget; 2. the named router departs less than each press (one
-    hypothesis per press; until 2026-12-05 "the best router than the best press", both picked on the same losses);
-    3. HQQ 8-bit departs less than the named router; 4. the named router over int8 blocks is no worse than over exact
-    blocks within the margin (non-inferiority). A claim's words never hold a number of the run (a check is keyed by
+    declared contrast's Holm-adjusted p against the plan's alpha (`tail_loss.plan`: 0.05), in the stated direction:
+    1. the oracle departs less from dense than `minmax` at the budget; 2. the named router departs less than each
+    press (one hypothesis per press; until 2026-12-05 "the best router than the best press", both picked on the same
+    losses); 3. HQQ 8-bit departs less than the named router; 4. the named router over int8 blocks is no worse than
+    over exact blocks within the margin (non-inferiority). A claim's words never hold a number of the run (a check is keyed by
     its words in the committed baselines)."""
     c = checks_ if checks_ is not None else Checks()
     cfg, b = st.config, st.config.budget
     r = f"{cfg.router}@{b}"
+    alpha = st.contrasts.plan.alpha if st.contrasts is not None else 0.05   # the plan's, where it declared any
     c.invariant(f"{tag}: documents per kind, at least {min_docs}", cfg.docs, ">=", min_docs)
     for kind in cfg.kinds:
         c.invariant(f"{tag} {kind}: sparsekv dense and transformers dense within 0.02 nats per token (|mean "
@@ -172,17 +172,17 @@ def checks(st: TailStudy, tag: str, checks_: Checks | None = None, min_docs: int
                       f"95% interval over {x.n_docs} documents, nats/token)", x.lo, ">", 0)
         if (x := st.contrast(kind, f"oracle@{b} vs minmax@{b}")) is not None:
             c.hypothesis(f"1. {tag} {kind}: oracle@{b} departs less from dense than minmax@{b} (Holm p of oracle - "
-                         f"minmax)", _supports(x, -1), "<", 0.05)
+                         f"minmax)", _supports(x, -1, alpha), "<", alpha)
         for m in st.lossy:
             if m.family == "evict" and (x := st.contrast(kind, f"{r} vs {m.name}")) is not None:
                 c.hypothesis(f"2. {tag} {kind}: {r} departs less from dense than {m.name} (Holm p of {r} - "
-                             f"{m.name})", _supports(x, -1), "<", 0.05)
+                             f"{m.name})", _supports(x, -1, alpha), "<", alpha)
         if (x := st.contrast(kind, f"{r} vs hqq8")) is not None:
             c.hypothesis(f"3. {tag} {kind}: HQQ 8-bit departs less from dense than {r} (Holm p of {r} - "
-                         f"hqq8)", _supports(x, +1), "<", 0.05)
+                         f"hqq8)", _supports(x, +1, alpha), "<", alpha)
         if (x := st.contrast(kind, f"int8 {r} no worse than {r}")) is not None:
             c.hypothesis(f"4. {tag} {kind}: int8 blocks cost {r} less than {cfg.margin:g} nats per token "
-                         f"(non-inferiority, Holm p of int8 - exact)", x.p_adj, "<", 0.05)
+                         f"(non-inferiority, Holm p of int8 - exact)", x.p_adj, "<", alpha)
     return c
 
 

@@ -1,4 +1,4 @@
-"""Tail loss on real text for every method family: sparsekv's routers (exact and int8 blocks), kvpress's presses and
+"""The tail-loss study's run. Tail loss on real text for every method family: sparsekv's routers (exact and int8 blocks), kvpress's presses and
 HQQ's quantised caches, each against its own engine's dense, per token, with paired bootstrap intervals. Notebook 22
 runs it; issue 29 asks for it ("tail loss over at least 4 documents per kind, with per-token bootstrap intervals").
 
@@ -37,11 +37,11 @@ from pathlib import Path
 
 import torch
 
-from ..analysis import clustered, corpus, observe, peers
-from ..routing.router import Router
-from ..routing.scorers import SCORERS
-from . import questions as qs
-from .paired import PREFILLS, load
+from ...analysis import clustered, corpus, observe, peers
+from ...routing.router import Router
+from ...routing.scorers import SCORERS
+from .. import questions as qs
+from ..paired.study import PREFILLS, load
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,7 @@ def run(cfg: TailConfig, progress: bool = True) -> TailStudy:
     on every document, then count bytes and summarise (`summarize`)."""
     from tqdm.auto import tqdm
 
-    from ..model import fetch
+    from ...model import fetch
 
     tok, hf, engines, windows = load(cfg.model_path, cfg.prefill, cfg.block_size, cfg.length,
                                      cfg.scorers + cfg.int8_scorers, bool(cfg.int8_scorers))

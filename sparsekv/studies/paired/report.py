@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..studies.paired import Study
-from .report import Checks
+from ...suite.report import Checks
+from .study import Study
 
 
 def _errorbar(ax, x, cell, style, **kw):
@@ -24,7 +24,7 @@ def _errorbar(ax, x, cell, style, **kw):
 
 def _finish(fig, title: str, path, **kw):
     """The tail every figure here shares: its title, then `viz.save` (layout, checks, file) when `path` is given."""
-    from . import viz
+    from ...suite import viz
     fig.suptitle(title, fontsize=10, **kw)
     if path is not None:
         viz.save(fig, path, dpi=120)
@@ -64,29 +64,13 @@ def _leaders(st: Study, t: str) -> str:
     return f"{t}: {lead[0]} answered most, {k} of {n}"
 
 
-def _dodged(ax, xs: list[float], factor: float = 1.04) -> list[float]:
-    """x positions for points drawn against bytes on a log axis: where several methods share a byte count (the
-    presses, which hold what they read) they are dodged by `factor` each, centred on the true value, and a thin grey
-    line marks that value; `_dodge_note` says so in the legend. The tables and metrics give the exact counts."""
-    from . import viz
-    pos, shared = viz.dodge_log(xs, factor)
-    for x in shared:
-        ax.axvline(x, color="0.8", lw=0.8, zorder=0)
-    return pos
-
-
-def _dodge_note(factor: float = 1.04) -> str:
-    return (f"methods at one byte count are\ndodged by {factor - 1:.0%} each in x about it\n(thin grey line: "
-            "the true value)")
-
-
 def accuracy_figure(st: Study, path: str | Path | None = None):
     """One panel per task: every method's accuracy with its Wilson 95% interval; sparsekv's methods left of the
     rule, transformers' right. Hollow: transformers dense, and a router under the other question rule
     (`StudyConfig.rule_scorers`, as in `rule_figure`)."""
     import matplotlib.pyplot as plt
 
-    from . import viz
+    from ...suite import viz
     tn, methods = st.config.task_names, st.methods
     hollow = _hollow(st)
     fig, axes = plt.subplots(1, len(tn), figsize=(max(7.0, 4.2 * len(tn)), 4.8), sharey=True, squeeze=False)
@@ -107,16 +91,16 @@ def accuracy_figure(st: Study, path: str | Path | None = None):
 
 def bytes_figure(st: Study, path: str | Path | None = None):
     """The first task's accuracy against bytes read per decode step (left) and held (right), both over bf16 dense.
-    Methods at the same x (the presses, which hold what they read) are dodged by 4% each about it (`_dodged`), and the
-    legend says so; the tables and metrics give the exact counts."""
+    Methods at the same x (the presses, which hold what they read) are dodged by 4% each about it (`viz.dodged`), and
+    the legend says so; the tables and metrics give the exact counts."""
     import matplotlib.pyplot as plt
 
-    from . import viz
+    from ...suite import viz
     t = st.config.task_names[0]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
     hollow = _hollow(st)
     for ax, kind in zip(axes, ("read", "held")):
-        xs = _dodged(ax, [st.nbytes[m][kind] for m in st.methods])
+        xs = viz.dodged(ax, [st.nbytes[m][kind] for m in st.methods])
         for m, x in zip(st.methods, xs):
             style = viz.method_style(st.family(m))
             _errorbar(ax, x, st.acc[(t, m)], style, capsize=2, ms=7, label=m,
@@ -126,7 +110,7 @@ def bytes_figure(st: Study, path: str | Path | None = None):
         ax.set(xlabel=f"K/V bytes {'read per decode step' if kind == 'read' else 'held'} / bf16 dense (log)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"{t}: questions answered (95% CI)")
-    viz.legend_outside(axes[1], ncol=1, title=_dodge_note(), title_fontsize=7)
+    viz.legend_outside(axes[1], ncol=1, title=viz.dodge_note(), title_fontsize=7)
     r = st.nbytes[f"{st.config.scorers[0]}@{st.config.budget}"]
     scope = "; sliding layers identical" if st.windows else ""
     return _finish(fig, f"{st.model_name}, {t} at {st.config.length} tokens: routers read {r['read']:.2f} of dense per "
@@ -141,12 +125,12 @@ def agreement_figure(st: Study, path: str | Path | None = None):
     dense references sit at (1, 0) and (1, 1) by construction and are left out."""
     import matplotlib.pyplot as plt
 
-    from . import viz
+    from ...suite import viz
     t = st.config.task_names[0]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     shown = [m for m in st.methods if (t, m) in st.agreement and st.family(m) != "dense"]
     for ax, stat in zip(axes, ("kl", "top1")):
-        xs = _dodged(ax, [st.nbytes[m]["read"] for m in shown])
+        xs = viz.dodged(ax, [st.nbytes[m]["read"] for m in shown])
         for m, x in zip(shown, xs):
             v = st.agreement[(t, m)]
             style = viz.method_style(st.family(m))
@@ -161,7 +145,7 @@ def agreement_figure(st: Study, path: str | Path | None = None):
     axes[0].set_ylim(bottom=0)
     axes[0].set_ylabel("KL(dense || method) per answer token (nats)")
     axes[1].set(ylabel="answer tokens whose top-1 agrees with dense", ylim=(-0.03, 1.03))
-    viz.legend_outside(axes[1], ncol=1, title=_dodge_note(), title_fontsize=7)
+    viz.legend_outside(axes[1], ncol=1, title=viz.dodge_note(), title_fontsize=7)
     kl = {m: st.agreement[(t, m)]["kl"] for m in shown}
     best = min(kl, key=kl.get) if kl else "none"
     return _finish(fig, f"{st.model_name}, {t} at {st.config.length:,} tokens: closest to its dense on the answer "
@@ -176,7 +160,7 @@ def dialogue_figure(st: Study, path: str | Path | None = None):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    from . import viz
+    from ...suite import viz
     if not st.config.dialogues:
         raise ValueError("dialogue_figure needs a run with dialogues (StudyConfig.dialogues > 0)")
     t = st.config.task_names[0]
@@ -212,7 +196,7 @@ def rule_figure(st: Study, path: str | Path | None = None):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    from . import viz
+    from ...suite import viz
     if not st.rule_pairs:
         raise ValueError("rule_figure needs a run with rule_scorers (StudyConfig.rule_scorers)")
     tn, cfg = st.config.task_names, st.config
@@ -258,7 +242,7 @@ def vs_dense_table(st: Study) -> str:
     """Every method's exact McNemar against its own engine's dense, per task (`Study.vs_dense`): its accuracy and
     dense's on the questions both answered, the discordant counts and p; then the best router against the best press
     and the best quantised cache (`Study.best_tests`). Descriptive: the pre-stated pairs are the checks'."""
-    from ..core.tables import format_table
+    from ...core.tables import format_table
     rows = [{"task": t, "method": m, "n": r["n"], "method acc": f"{r['acc_a']:.1%}", "dense acc": f"{r['acc_b']:.1%}",
              "only method": r["a_only"], "only dense": r["b_only"], "McNemar p": f"{r['p']:.3g}"}
             for (t, m), r in st.vs_dense.items()]

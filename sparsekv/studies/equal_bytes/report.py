@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ..methods import Method, parse
-from . import viz
+from ...methods import Method, parse
+from ...suite import viz
 
 LINE_STYLE = {"dense": ("#555555", "*"), "int8 dense": ("#555555", "P"), "int4 dense": ("#555555", "X"),
               "transformers dense": ("#999999", "*")}

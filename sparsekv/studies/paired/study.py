@@ -1,5 +1,5 @@
 """The paired-question study run whole, for one model and one length: notebooks 14 (SmolLM2) and 15 (Gemma 3) are
-its parameters, its narrative and its plots (drawn by `suite.paired_report`). The protocol itself (one prefill per
+its parameters, its narrative and its plots (drawn by `paired.report`). The protocol itself (one prefill per
 method, each question on its own copy, one rule for the question, bytes against bf16 dense, Wilson cells, exact
 McNemar) is `studies.questions`; this module strings it together and names what a notebook reports:
 
@@ -8,7 +8,7 @@ McNemar) is `studies.questions`; this module strings it together and names what 
                         the best press and the best quantised cache
     metrics             the metrics JSON's numbers, kinds and headline
 
-Its figures and checks are `suite.paired_report` (the suite's layer: plots and the notebook's Checks).
+Its figures and checks are `paired.report`, beside it.
 
 A hybrid model (sliding-window layers) is compared where the methods differ: routers route and presses compress its
 global layers only, and every byte count includes the sliding layers' windows (`questions.method_bytes(windows=)`).
@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..analysis import peers, tasks
-from ..methods import best
-from ..routing.scorers import SCORERS, summaries_for
-from . import questions as qs
+from ...analysis import peers, tasks
+from ...methods import best
+from ...routing.scorers import SCORERS, summaries_for
+from .. import questions as qs
 
 # sparsekv's prefill for a study -> load_model's keywords (the engine the routers and sparsekv's dense run on)
 PREFILLS = {"float32": {}, "bfloat16": {"weights": "gguf", "prefill": "bfloat16"}}
@@ -214,7 +214,7 @@ def load(model_path: str, prefill: str, block_size: int, length: int, scorers, i
     folder; windows: the model's per-layer windows, None when no layer slides."""
     import sparsekv as sk
 
-    from ..model.checkpoint import converted_folder
+    from ...model.checkpoint import converted_folder
 
     model = sk.load_model(model_path, **PREFILLS[prefill])
     tok = sk.load_tokenizer(model_path)
@@ -233,7 +233,7 @@ def run(cfg: StudyConfig, progress: bool = True) -> Study:
     document, have every method answer every question, then count bytes and run the pre-stated paired tests."""
     from tqdm.auto import tqdm
 
-    from ..model import fetch
+    from ...model import fetch
 
     tok, hf, engines, windows = load(cfg.model_path, cfg.prefill, cfg.block_size, cfg.length,
                                      cfg.scorers + cfg.int8_scorers, bool(cfg.int8_scorers))

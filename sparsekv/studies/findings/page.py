@@ -9,9 +9,10 @@ test fails when the committed page differs from a fresh render (`--check`).
 A finding is a template with named values; each value is a (notebook stem, metric) pair, or a
 function of the loaded metrics for derived words (which bound applies, which router leads).
 
-This module is the page's machinery and knows no study: the findings themselves, their prose and the words
-they are read in, live beside the studies (`studies.findings`, one module per notebook), and
-`studies.findings.catalog` lists them in the page's order. `Finding` and `FINDINGS` are re-exported from there.
+This module is the page: it renders `catalog.FINDINGS` (the findings in the page's order) into the block between
+the page's markers (`suite.generated`). The findings themselves, their prose and the words they are read in, live
+beside the studies (one module per notebook here, or a study folder's `findings.py`). It was `suite.findings` until
+issue 54 put the suite below the studies; `python -m sparsekv findings` runs it as before.
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-from ..studies.findings.catalog import FINDINGS
-from ..studies.findings.finding import Finding, Metrics
-from . import generated
+from ...suite import generated
+from .catalog import FINDINGS
+from .finding import Finding, Metrics
 
 __all__ = ["END", "FINDINGS", "PAGE", "START", "Finding", "Metrics", "load", "main", "render", "section", "update"]
 
