@@ -123,6 +123,29 @@ def test_a_study_folder_names_each_of_its_parts(folder):
     assert LAYER["suite"] < LAYER["studies"]
 
 
+def test_a_new_study_is_one_file(tmp_path):
+    """Adding a study (issue 54): tests/toy_study.py holds its run, its report and its findings in one file, on the
+    machinery below it. Its imports are a study's (nothing above layer 9, no private name of another subpackage);
+    it runs, its metrics are written and gated as a notebook's are, its figure passes the canvas checks, and its
+    finding renders through the findings page's loader from that metrics file."""
+    import toy_study as ts
+
+    from sparsekv.studies.findings import page
+    from sparsekv.suite.report import write_metrics
+    tree = ast.parse(pathlib.Path(ts.__file__).read_text())
+    used = [(n.module.split(".")[1], [a.name for a in n.names]) for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("sparsekv.")]
+    assert used and all(LAYER[sub] <= LAYER["studies"] for sub, _ in used)
+    assert not [n for _, names in used for n in names if n.startswith("_")]
+    res = ts.run(ts.ToyConfig(docs=4))
+    assert {s: v.shape for s, v in res.items()} == {"minmax": (4,), "mean": (4,)}
+    m = ts.metrics(res)
+    write_metrics(tmp_path / f"{ts.STEM}.metrics.json", ts.STEM, m, ts.checks(res))
+    assert ts.figure(res, tmp_path / "toy.png") and (tmp_path / "toy.png").stat().st_size > 0
+    (line,) = [f.render(page.load(tmp_path)) for f in ts.FINDINGS]
+    assert f"`minmax` keeps {m['recall.minmax']:.2f}" in line and f"`mean` {m['recall.mean']:.2f}" in line
+
+
 
 def test_the_window_rule_is_written_once():
     """max(0, i - w + 1), the first key a sliding-window query sees, is `core.window.first_visible`; no other module

@@ -1,9 +1,8 @@
 """A finding: one sentence of the findings page, a template whose every value is read from a notebook's full-run
 metrics, and the words any study's finding may use (they know no study).
 
-The type lives here, at the studies layer, rather than in `suite.findings` beside the page machinery: the notebook
-modules that write findings are studies (layer 8) and may not import the suite (layer 9) above them, so the suite
-imports the type from here and re-exports it.
+The type lives here, beside the page that renders it (`findings.page`) and the studies that write findings (layer
+9, above the suite's machinery, which knows no study).
 """
 from __future__ import annotations
 
