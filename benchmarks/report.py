@@ -253,12 +253,21 @@ def _vs_v2(d: dict) -> list[str]:
     return lines
 
 
+# A run of the protocol before issue 57 (schema 1) is shown with what it did not do, until a run of the current one
+# replaces it on the same CPU.
+SCHEMA1_CAVEAT = ("**Measured before issue 57's protocol, so llama.cpp was not at its best:** flash attention off "
+                  "(llama-cpp-python's default), K/V float16 only, its prefill one cold evaluation, no intervals, and "
+                  "the verdict below counts any ratio under 1.00 as a win, with no noise margin. Kept until a run of "
+                  "the current protocol (`bench_vs_llamacpp`: flash attention and K/V type swept, warmed up, repeated, "
+                  "medians with intervals) replaces it on this CPU.")
+
+
 def vs_llamacpp_table(path: Path = RESULTS / "vs_llamacpp.json") -> str:
     if not path.exists():
         return "sparsekv against llama.cpp: not yet measured (`make bench-peers`, then `python -m benchmarks.bench_vs_llamacpp`)."
     d = json.loads(path.read_text())
     act, pre = d.get("activations", "float32"), d.get("prefill", "float32")
-    lines = _vs_v2(d) if d.get("schema", 1) >= 2 else [f"sparsekv (`weights=\"gguf\"`: the file's own codes; bfloat16 K/V; {act} activations into its decode "
+    lines = _vs_v2(d) if d.get("schema", 1) >= 2 else [SCHEMA1_CAVEAT, "", f"sparsekv (`weights=\"gguf\"`: the file's own codes; bfloat16 K/V; {act} activations into its decode "
              f"matmuls; {pre} prefill matmuls and attention"
              + (", the attention in its own kernel" if d.get("prefill_attention") == "kernel" else "")
              + ") against llama.cpp (llama-cpp-python "
