@@ -512,10 +512,17 @@ def _plot_v2(out: dict, path: Path) -> None:
     a.set(xscale="log", yscale="log", xlabel="prompt (tokens)", ylabel="prefill (s)",
           title="prefill, same token ids (grey dashes: FLOP floor)")
     viz.log_ticks(a, "x", sorted({c["length"] for c in out["cases"]}))
+    viz.log_axis_plain(a, "y")
     a.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"sparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, {out['threads']} "
-                 f"threads on {out.get('cpu', 'an unrecorded CPU')}" + (f" ({out['run_kind']})" if out.get("run_kind") else ""),
-                 fontsize=11)
+
+    def span(m, key):   # the range of a ratio's medians over the model's lengths (every length, never the best one)
+        v = [c["ratios"][key]["median"] for c in out["cases"] if c["model"] == m]
+        return f"{min(v):.2f}x" if min(v) == max(v) else f"{min(v):.2f}-{max(v):.2f}x"
+    finding = "; ".join(f"{m}: prefill {span(m, 'prefill_vs_llamacpp')}, dense decode {span(m, 'dense_vs_llamacpp')} "
+                        f"llama.cpp's fastest exact time" for m in models)
+    fig.suptitle(f"{finding}\nsparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, "
+                 f"{out['threads']} threads on {out.get('cpu', 'an unrecorded CPU')}"
+                 + (f" ({out['run_kind']})" if out.get("run_kind") else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..core.tables import format_table
@@ -98,7 +99,8 @@ def parameters_for(paths: list[Path], mode: str, root: Path | str = ".", fresh: 
 def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
             timeout: int | None = None, stream=sys.stdout, root: Path | str = ".", cpu: str = "native",
             sweep: bool = False, address: str | None = None, workers: int | None = None,
-            threads: int | None = None, fresh: bool = False) -> list[NotebookRun]:
+            threads: int | None = None, fresh: bool = False,
+            pages: Sequence[Callable[[Path], str]] = ()) -> list[NotebookRun]:
     """Run the selected notebooks in `mode` ("run", "smoke" or "baseline"), printing progress.
 
     cpu: a configuration of `suite.cpuconfig` the notebooks' kernels are forced into ("native": none).
@@ -106,6 +108,9 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
     `out/sweep/`, instead of one after another; see `sweep_jobs` for the CPUs each gets. A notebook whose cell
     finished before with the same key is not run again.
     fresh: set `stored_dir` to "" in every notebook that has that parameter (`suite.stored`): compute every grid.
+    pages: after a full run whose notebooks all passed, each is called with `root` and returns a line to print: the
+    pages rendered from the committed metrics (`python -m sparsekv notebooks` passes the findings page and the
+    README's results table; the suite knows no study, so it is handed them).
     """
     from . import cpuconfig
     env = cpuconfig.environment(cpu)
@@ -142,13 +147,8 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
                 runs.append(_settle(run, mode, out, root, f"[{i}/{len(paths)}] ", stream))
     print(summary_table(runs), file=stream, flush=True)
     if mode == "run" and all(r.status == "ok" for r in runs):
-        from . import findings
-        try:
-            changed = findings.update(root / findings.PAGE, root / "figures")
-            print("README findings re-rendered from figures/*.metrics.json" if changed else
-                  "README findings already match figures/*.metrics.json", file=stream, flush=True)
-        except KeyError as exc:        # a finding cites a notebook that has not been run at full size yet
-            print(f"README findings not re-rendered: {exc}", file=stream, flush=True)
+        for render in pages:
+            print(render(root), file=stream, flush=True)
     return runs
 
 
@@ -285,7 +285,8 @@ def _fmt(x) -> str:
     return f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, pages: Sequence[Callable[[Path], str]] = ()) -> int:
+    """The command line; `pages` as in `run_all`."""
     ap = argparse.ArgumentParser(prog="python -m sparsekv notebooks", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=list(MODES))
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = run_all(args.mode, args.names or None, args.out, args.timeout, root=args.root, cpu=args.cpu,
                        sweep=args.sweep, address=args.address, workers=args.workers, threads=args.threads,
-                       fresh=args.fresh)
+                       fresh=args.fresh, pages=pages)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -127,6 +127,13 @@ def update(page: Path, root: str | Path = ".") -> bool:
     return generated.replace(page, START, END, render(root), "results")
 
 
+def rerender(root: str | Path) -> str:
+    """Re-render the README's results under repository `root` after a full run (`suite.runner`'s `pages`); the line
+    to print."""
+    changed = update(Path(root) / PAGE, root)
+    return f"{PAGE}'s results re-rendered from the study's rows" if changed else f"{PAGE}'s results already current"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sparsekv frontpage", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

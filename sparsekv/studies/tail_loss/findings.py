@@ -92,7 +92,7 @@ def _router_vs_presses(n: str, tag: str, kind: str):
     def f(m: Metrics) -> str:
         keys = [f"contrast.{tag}.{kind}.halves@256_vs_{p}@256" for p in _presses(m, n, tag, kind)]
         ps = [(m[n][k], m[n][k + ".outcome"]) for k in keys]
-        lower = sum(o < 0 for _, o in ps)                # the recorded decisions, as tail_report counts them
+        lower = sum(o < 0 for _, o in ps)                # the recorded decisions, as tail_loss.report counts them
         higher = sum(o > 0 for _, o in ps)
         est = sorted(e for e, _ in ps)
         return (f"lower than {lower} of {len(ps)} presses, higher than {higher}, no difference shown against "
