@@ -71,3 +71,24 @@ def test_benchmark_page_tables_match_the_committed_results():
     spec.loader.exec_module(report)
     page = report.PAGE.read_text()
     assert report.page_section(page) == report.tables(), "run `python -m benchmarks.report --write`"
+
+
+def test_a_full_run_hands_both_pages_to_the_runner_and_each_re_renders(tmp_path):
+    """`python -m sparsekv notebooks` gives the runner the findings page and the README's results table to re-render
+    (the suite below the studies cannot import them; it once tried, in a branch only a full run reaches). On a copy of
+    the repository's pages: each says it is current, and a stale copy is rewritten to the committed text."""
+    from sparsekv import __main__ as cli
+    from sparsekv.studies.equal_bytes import frontpage
+    (tmp_path / "docs").mkdir()
+    shutil.copy(REPO / findings.PAGE, tmp_path / findings.PAGE)
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    (tmp_path / "figures").symlink_to(REPO / "figures")
+    (tmp_path / "results").symlink_to(REPO / "results")
+    assert cli.pages() == (findings.rerender, frontpage.rerender)
+    assert [render(tmp_path) for render in cli.pages()] == [f"{findings.PAGE} already matches the metrics",
+                                                            "README.md's results already current"]
+    readme = (tmp_path / "README.md").read_text()
+    stale = readme.replace(frontpage.section(readme), "\nstale\n")
+    (tmp_path / "README.md").write_text(stale)
+    assert frontpage.rerender(tmp_path) == "README.md's results re-rendered from the study's rows"
+    assert (tmp_path / "README.md").read_text() == readme
