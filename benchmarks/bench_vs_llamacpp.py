@@ -459,6 +459,8 @@ def _plot_v1(out: dict, path: Path) -> None:
 def _plot_v2(out: dict, path: Path) -> None:
     """TPOT against context for each model: llama.cpp's fastest exact and fastest lossy configuration, sparsekv dense
     and routed (medians, bars: the repeats' min-max), each with its byte floor as a dash at each length; the prefill times beside them."""
+    import textwrap
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -466,7 +468,7 @@ def _plot_v2(out: dict, path: Path) -> None:
     from benchmarks import repeats
     from sparsekv.suite import viz
     models = list(dict.fromkeys(c["model"] for c in out["cases"]))
-    fig, ax = plt.subplots(1, len(models) + 1, figsize=(5.6 * (len(models) + 1), 4.9), squeeze=False)
+    fig, ax = plt.subplots(1, len(models) + 1, figsize=(5.6 * (len(models) + 1), 5.6), squeeze=False)
     ax = ax[0]
 
     def series(c):      # engine key in the case -> (label, colour)
@@ -496,9 +498,9 @@ def _plot_v2(out: dict, path: Path) -> None:
             a.plot(x, [1e3 * p[2] for p in pts], "_", ms=12, color=pts[0][3])   # floors: a dash at each length
             top = max(top, max(1e3 * p[1]["hi"] for p in pts))
         a.set(xscale="log", xlabel="context (tokens)", ylabel="ms per token (median; bars: min-max of repeats)",
-              ylim=(0, 1.5 * top), title=f"{m}: decode (dashes: byte floors)")
+              ylim=(0, 1.1 * top), title=f"{m}: decode (dashes: byte floors)")
         viz.log_ticks(a, "x", xs)
-        a.legend(fontsize=8, loc="upper left")
+        a.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)   # below: clear of data
     a = ax[-1]
     for m, ls in zip(models, ("-", "--", ":", "-.")):
         cs = [c for c in out["cases"] if c["model"] == m]
@@ -513,16 +515,17 @@ def _plot_v2(out: dict, path: Path) -> None:
           title="prefill, same token ids (grey dashes: FLOP floor)")
     viz.log_ticks(a, "x", sorted({c["length"] for c in out["cases"]}))
     viz.log_axis_plain(a, "y")
-    a.legend(fontsize=8, loc="upper left")
+    a.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)   # below: clear of data
 
     def span(m, key):   # the range of a ratio's medians over the model's lengths (every length, never the best one)
         v = [c["ratios"][key]["median"] for c in out["cases"] if c["model"] == m]
         return f"{min(v):.2f}x" if min(v) == max(v) else f"{min(v):.2f}-{max(v):.2f}x"
     finding = "; ".join(f"{m}: prefill {span(m, 'prefill_vs_llamacpp')}, dense decode {span(m, 'dense_vs_llamacpp')} "
                         f"llama.cpp's fastest exact time" for m in models)
-    fig.suptitle(f"{finding}\nsparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, "
-                 f"{out['threads']} threads on {out.get('cpu', 'an unrecorded CPU')}"
-                 + (f" ({out['run_kind']})" if out.get("run_kind") else ""), fontsize=10)
+    setting = (f"sparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, {out['threads']} "
+               f"threads on {out.get('cpu', 'an unrecorded CPU')}" + (f" ({out['run_kind']})" if out.get("run_kind") else ""))
+    width = int(fig.get_figwidth() * 13)                  # characters per line at fontsize 10, nothing clipped
+    fig.suptitle("\n".join(textwrap.wrap(finding, width) + textwrap.wrap(setting, width)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

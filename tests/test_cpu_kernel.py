@@ -417,18 +417,21 @@ def bit_outputs(cases: list[dict]) -> list[torch.Tensor]:
         out.append(cpu_decode.minmax_scores(c["q"], c["lo"], c["hi"], c["table"]))
         for kind, (a, b) in ((0, (c["lo"], c["hi"])), (1, (c["lo"], c["lo"])), (2, (c["lo"], c["hi"]))):
             out += list(cpu_decode.route_topk(c["q"], a, b, c["table"], kind, 7, 1, 1))
-    from test_quant import layouts, random_weight
-    g = torch.Generator().manual_seed(11)           # the weight-only matmuls (qlinear.cpp), every layout
-    for bits, group, scale, offset in layouts():
-        w = random_weight(bits, group, scale, offset, 45, 512 if "factored" in (scale, offset) else 160, g)
-        for M in (1, 3, 6):
-            out.append(cpu_decode.qlinear(torch.randn(M, w.shape[1], generator=g), w.codes, w.scale, w.offset, bits,
-                                          group))
-        out.append(cpu_decode.qdequant(w.codes, w.scale, w.offset, bits, group))
-        if (bits, group, offset) == (8, 32, None):  # int8 activations: maddubs (AVX2), dpbusd (VNNI) or loops
+    from test_quant import int8_layouts, layouts, random_weight
+    g = torch.Generator().manual_seed(11)           # the weight-only matmuls (qlinear.cpp), every layout, at a K of
+    for bits, group, scale, offset in layouts():    # one scale chunk and at one of 64 groups and a tail (73 or 80)
+        factored = "factored" in (scale, offset)
+        for N, K in ((45, 512 if factored else 160), (19, 2560 if factored else 2336)):
+            w = random_weight(bits, group, scale, offset, N, K, g)
             for M in (1, 3, 6):
-                x = torch.randn(M, w.shape[1], generator=g)
-                out += [cpu_decode.qlinear_q8(x, w.codes, w.scale, w.offset, bits, group), *cpu_decode.quantize_q8(x)]
+                out.append(cpu_decode.qlinear(torch.randn(M, K, generator=g), w.codes, w.scale, w.offset, bits,
+                                              group))
+            out.append(cpu_decode.qdequant(w.codes, w.scale, w.offset, bits, group))
+            if (bits, group, scale, offset) in int8_layouts():   # int8 activations: maddubs (AVX2), dpbusd (VNNI),
+                for M in (1, 3, 6):                                # or loops; every code width
+                    x = torch.randn(M, K, generator=g)
+                    out += [cpu_decode.qlinear_q8(x, w.codes, w.scale, w.offset, bits, group),
+                            *cpu_decode.quantize_q8(x)]
     g = torch.Generator().manual_seed(13)           # the float32 prefill (prefill_attn_f32.cpp): 16-key tiles with
     for T, N, G, D, window, dtype in ((45, 301, 3, 64, 0, torch.bfloat16),    # AVX2, 32 with AVX-512, loops in x86-64
                                       (70, 600, 4, 48, 100, torch.float32), (1, 517, 8, 256, 0, torch.bfloat16),

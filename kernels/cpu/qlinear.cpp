@@ -27,6 +27,11 @@
 //   y[m, n] = hsum((acc[m][0] + acc[m][1]) + (acc[m][2] + acc[m][3]))
 // so each code is read and widened once per kBatch tokens, and four accumulators hide the FMA latency. A
 // decode step's matmuls are M = 1 (or the batch's B); a prefill chunk's go through qdequant and MKL instead.
+// Every path widens a row's scales (and offsets) kScaleChunk groups at a time (row_scales: float16 by F16C, the
+// factored form 8 groups per super-scale, each value the same float32 as Table::at), and walks its pairs or groups
+// two at a time, so that the two accumulator sets are named, not indexed by a loop variable: indexed, they lived on
+// the stack and every product waited on a store and a load (a decode step's matmuls ran 2-3x slower, Dec 2026).
+// The order of every sum is unchanged by that: the same bits as before, on every path.
 // The same bits at any thread count and for any instruction set (simd.h's rules).
 //
 // qdequant writes W as float32 [N, K] with the same fma.
@@ -135,37 +140,83 @@ inline void pair_weights(const QWeight& w, int64_t n, const uint8_t* r, int64_t 
   }
 }
 
-template <int M, int Bits>
+// Scales of groups [g0, g0 + n) of row `row` as float32 (exact from every form); float16 ones 8 at a time (F16C).
+inline void row_scales(const Table& t, int64_t row, int64_t g0, int n, float* out) {
+  int i = 0;
+#if SPARSEKV_AVX512 || SPARSEKV_AVX2
+  if (t.half != nullptr)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                    reinterpret_cast<const __m128i*>(t.half + row * t.row + g0 + i))));
+  if (t.bytes != nullptr && g0 % 8 == 0 && t.per_super % 8 == 0)   // 8 groups at a time share one super-scale d
+    for (; i + 8 <= n; i += 8) {
+      const uint8_t* r = t.bytes + row * t.row;
+      float d;
+      std::memcpy(&d, r + t.groups + 4 * ((g0 + i) / t.per_super), sizeof d);
+      const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+          reinterpret_cast<const __m128i*>(r + g0 + i))));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_set1_ps(d), m));          // d * m, as Table::at rounds it
+    }
+#endif
+  for (; i < n; ++i) out[i] = t.at(row, g0 + i);
+}
+
+constexpr int kScaleChunk = 64;   // groups whose scales are widened at once
+
+template <int M, int Bits, int Per>   // Per: groups per pair, 1 (groups of 32) or 2 (of 16)
 void rows(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  const int64_t pairs = w.K / 32;
+  const int64_t groups = w.K / (32 / Per);
+  const bool has_offset = !w.offset.empty();
+  float s[kScaleChunk], o[kScaleChunk];
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* r = w.codes + n * w.row_bytes;
     V16 acc[M][4];
     for (int m = 0; m < M; ++m)
       for (int a = 0; a < 4; ++a) acc[m][a] = skv::zero();
-    for (int64_t p = 0; p < pairs; ++p) {
-      V16 w0, w1;
-      pair_weights<Bits>(w, n, r, p, w0, w1);
-      const int a = static_cast<int>((2 * p) & 3);          // chunks 2p, 2p+1 -> accumulators a, a+1
-      for (int m = 0; m < M; ++m) {
-        const float* xm = x + m * ldx + p * 32;
-        acc[m][a] = skv::fma(w0, skv::load(xm), acc[m][a]);
-        acc[m][a + 1] = skv::fma(w1, skv::load(xm + kLanes), acc[m][a + 1]);
-      }
+    for (int64_t c = 0; c < groups; c += kScaleChunk) {         // kScaleChunk groups: whole pairs, an even count
+      const int len = static_cast<int>(std::min<int64_t>(kScaleChunk, groups - c));
+      row_scales(w.scale, n, c, len, s);
+      if (has_offset) row_scales(w.offset, n, c, len, o);
+      const int64_t p0 = c / Per;                                // even, so pair p0 + j has j's parity
+      // pair p: w = fma(code, scale, offset) (code * scale with no offset, ggml's own product, -0 included), its
+      // chunks 2p, 2p + 1 into accumulators a, a + 1 with a = 2p mod 4 (named, so they stay in registers)
+      const auto pair = [&](int j, int a) __attribute__((always_inline)) {
+        const int64_t p = p0 + j;
+        const int i = j * Per;
+        V16 c0, c1, w0, w1;
+        pair_codes<Bits>(r, w.K, p, c0, c1);
+        const float s0 = s[i], s1 = Per == 2 ? s[i + 1] : s0;
+        if (has_offset) {
+          const float o0 = o[i], o1 = Per == 2 ? o[i + 1] : o0;
+          w0 = skv::fma(c0, skv::splat(s0), skv::splat(o0)), w1 = skv::fma(c1, skv::splat(s1), skv::splat(o1));
+        } else {
+          w0 = skv::mul(c0, skv::splat(s0)), w1 = skv::mul(c1, skv::splat(s1));
+        }
+        for (int m = 0; m < M; ++m) {
+          const float* xm = x + m * ldx + p * 32;
+          acc[m][a] = skv::fma(w0, skv::load(xm), acc[m][a]);
+          acc[m][a + 1] = skv::fma(w1, skv::load(xm + kLanes), acc[m][a + 1]);
+        }
+      };
+      const int np = len / Per;
+      int j = 0;
+      for (; j + 2 <= np; j += 2) pair(j, 0), pair(j + 1, 2);
+      if (j < np) pair(j, 0);
     }
     for (int m = 0; m < M; ++m)
       y[m * ldy + n] = skv::hsum(skv::add(skv::add(acc[m][0], acc[m][1]), skv::add(acc[m][2], acc[m][3])));
   }
 }
 
-// rows<M, Bits> for a runtime bits (one switch per call, outside every loop).
+// rows<M, Bits, Per> for a runtime bits and group (one switch per call, outside every loop).
 template <int M>
 void rows_for(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  const bool g16 = w.group == 16;
   switch (w.bits) {
-    case 4: rows<M, 4>(w, x, ldx, y, ldy, n0, n1); break;
-    case 5: rows<M, 5>(w, x, ldx, y, ldy, n0, n1); break;
-    case 6: rows<M, 6>(w, x, ldx, y, ldy, n0, n1); break;
-    default: rows<M, 8>(w, x, ldx, y, ldy, n0, n1); break;
+    case 4: rows<M, 4, 1>(w, x, ldx, y, ldy, n0, n1); break;
+    case 5: rows<M, 5, 1>(w, x, ldx, y, ldy, n0, n1); break;
+    case 6: g16 ? rows<M, 6, 2>(w, x, ldx, y, ldy, n0, n1) : rows<M, 6, 1>(w, x, ldx, y, ldy, n0, n1); break;
+    default: g16 ? rows<M, 8, 2>(w, x, ldx, y, ldy, n0, n1) : rows<M, 8, 1>(w, x, ldx, y, ldy, n0, n1); break;
   }
 }
 
@@ -326,20 +377,6 @@ inline float lanes_sum(Lanes8 a, Lanes8 b) {
 }
 #endif
 
-// Scales of groups [g0, g0 + n) of row `row` as float32 (exact from every form); float16 ones 8 at a time (F16C).
-inline void row_scales(const Table& t, int64_t row, int64_t g0, int n, float* out) {
-  int i = 0;
-#if SPARSEKV_AVX512 || SPARSEKV_AVX2
-  if (t.half != nullptr)
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
-                                    reinterpret_cast<const __m128i*>(t.half + row * t.row + g0 + i))));
-#endif
-  for (; i < n; ++i) out[i] = t.at(row, g0 + i);
-}
-
-constexpr int kScaleChunk = 64;   // groups whose scales are widened at once
-
 #if SPARSEKV_AVX512 && defined(__AVX512VNNI__)
 #define SPARSEKV_Q8_ZMM 1
 // Two groups per zmm: lanes 0..7 hold group g's 8 lanes, 8..15 group g + 1's, so the low half accumulates the even
@@ -395,18 +432,21 @@ void rows_q8(const QWeight& w, const int8_t* q, const float* d, float* y, int64_
   float s[kScaleChunk];
   for (int64_t n = n0; n < n1; ++n) {
     const int8_t* r = reinterpret_cast<const int8_t*>(w.codes + n * w.row_bytes);
-    Lanes8 acc[M][2];
-    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = lanes_zero();
-    for (int64_t c = 0; c < groups; c += kScaleChunk) {
+    Lanes8 acc0[M], acc1[M];                 // even groups, odd groups (named, so they stay in registers)
+    for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = lanes_zero();
+    for (int64_t c = 0; c < groups; c += kScaleChunk) {           // c even: group c + i has i's parity
       const int len = static_cast<int>(std::min<int64_t>(kScaleChunk, groups - c));
       row_scales(w.scale, n, c, len, s);
-      for (int i = 0; i < len; ++i) {
+      const auto group = [&](int i, Lanes8* acc) __attribute__((always_inline)) {
         const int64_t g = c + i;
         for (int m = 0; m < M; ++m)
-          acc[m][g & 1] = dot_fma(r + g * kQ8, q + m * w.K + g * kQ8, s[i] * d[m * groups + g], acc[m][g & 1]);
-      }
+          acc[m] = dot_fma(r + g * kQ8, q + m * w.K + g * kQ8, s[i] * d[m * groups + g], acc[m]);
+      };
+      int i = 0;
+      for (; i + 2 <= len; i += 2) group(i, acc0), group(i + 1, acc1);
+      if (i < len) group(i, acc0);
     }
-    for (int m = 0; m < M; ++m) y[m * ldy + n] = lanes_sum(acc[m][0], acc[m][1]);
+    for (int m = 0; m < M; ++m) y[m * ldy + n] = lanes_sum(acc0[m], acc1[m]);
   }
 }
 
@@ -415,40 +455,46 @@ void rows_q8(const QWeight& w, const int8_t* q, const float* d, float* y, int64_
 //   d (scale sum u q) + (offset - scale bias) d sum q,
 // the first in the 8 lanes as the 8-bit path (group 16: lanes 0..3 one group, 4..7 the next), the second a scalar
 // per row summed in group order; q16 holds each 16 values' sum of q. y = lanes_sum + that scalar.
-template <int M, int Bits>
+template <int M, int Bits, int Per>   // Per: groups per pair, 1 (groups of 32) or 2 (of 16)
 void rows_q8u(const QWeight& w, const int8_t* q, const int32_t* q16, const float* d, float* y, int64_t ldy,
               int64_t n0, int64_t n1) {
-  const int64_t pairs = w.K / 32, groups = w.K / w.group, per = 32 / w.group;   // groups per pair: 1 or 2
+  const int64_t pairs = w.K / 32, groups = w.K / (32 / Per);
   const float bias = Bits == 4 ? 0.0f : static_cast<float>(1 << (Bits - 1));
   float s[kScaleChunk], o[kScaleChunk];
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* r = w.codes + n * w.row_bytes;
-    Lanes8 acc[M][2];
+    Lanes8 acc0[M], acc1[M];                 // even pairs, odd pairs (named, so they stay in registers)
     float corr[M];
-    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = lanes_zero(), corr[m] = 0.0f;
-    for (int64_t c = 0; c < groups; c += kScaleChunk) {           // kScaleChunk groups: whole pairs
+    for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = lanes_zero(), corr[m] = 0.0f;
+    for (int64_t c = 0; c < groups; c += kScaleChunk) {           // kScaleChunk groups: whole pairs, an even count
       const int len = static_cast<int>(std::min<int64_t>(kScaleChunk, groups - c));
       row_scales(w.scale, n, c, len, s);
       if (!w.offset.empty()) row_scales(w.offset, n, c, len, o);
       else std::fill(o, o + len, 0.0f);
-      for (int i = 0; i < len; i += static_cast<int>(per)) {
-        const int64_t g = c + i, p = g / per;
+      const int64_t p0 = c / Per;                                // even, so pair p0 + j has j's parity
+      const auto pair = [&](int j, Lanes8* acc) __attribute__((always_inline)) {
+        const int64_t p = p0 + j;
+        const int i = j * Per;
         const U32 u = pair_u8<Bits>(r, w.K, p);
-        const float s0 = s[i], s1 = per == 2 ? s[i + 1] : s[i];
+        const float s0 = s[i], s1 = Per == 2 ? s[i + 1] : s[i];
         for (int m = 0; m < M; ++m) {
           const float dm = d[m * pairs + p];
-          acc[m][p & 1] = dot_u_fma(u, q + m * w.K + p * 32, lanes_pair(s0 * dm, s1 * dm), acc[m][p & 1]);
+          acc[m] = dot_u_fma(u, q + m * w.K + p * 32, lanes_pair(s0 * dm, s1 * dm), acc[m]);
           const int32_t* qs = q16 + m * (w.K / 16) + 2 * p;
-          if (per == 2) {
+          if constexpr (Per == 2) {
             corr[m] = std::fma(o[i] - s0 * bias, dm * static_cast<float>(qs[0]), corr[m]);
             corr[m] = std::fma(o[i + 1] - s1 * bias, dm * static_cast<float>(qs[1]), corr[m]);
           } else {
             corr[m] = std::fma(o[i] - s0 * bias, dm * static_cast<float>(qs[0] + qs[1]), corr[m]);
           }
         }
-      }
+      };
+      const int np = len / Per;
+      int j = 0;
+      for (; j + 2 <= np; j += 2) pair(j, acc0), pair(j + 1, acc1);
+      if (j < np) pair(j, acc0);
     }
-    for (int m = 0; m < M; ++m) y[m * ldy + n] = lanes_sum(acc[m][0], acc[m][1]) + corr[m];
+    for (int m = 0; m < M; ++m) y[m * ldy + n] = lanes_sum(acc0[m], acc1[m]) + corr[m];
   }
 }
 
@@ -587,11 +633,13 @@ at::Tensor qlinear_q8(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tens
         const float* dm = dp + m * groups;
         float* ym = yp + m * w.N;
         const int b = static_cast<int>(std::min<int64_t>(kBatch, M - m));
-        switch (w.bits * 8 + b) {
-#define SPARSEKV_Q8U(BITS, B) case BITS * 8 + B: rows_q8u<B, BITS>(w, qm, sm, dm, ym, w.N, n0, n1); break;
-          SPARSEKV_Q8U(4, 1) SPARSEKV_Q8U(4, 2) SPARSEKV_Q8U(4, 3) SPARSEKV_Q8U(4, 4)
-          SPARSEKV_Q8U(5, 1) SPARSEKV_Q8U(5, 2) SPARSEKV_Q8U(5, 3) SPARSEKV_Q8U(5, 4)
-          SPARSEKV_Q8U(6, 1) SPARSEKV_Q8U(6, 2) SPARSEKV_Q8U(6, 3) SPARSEKV_Q8U(6, 4)
+        switch ((w.bits * 8 + b) * 2 + (w.group == 16)) {
+#define SPARSEKV_Q8U(BITS, B, PER) \
+  case (BITS * 8 + B) * 2 + (PER - 1): rows_q8u<B, BITS, PER>(w, qm, sm, dm, ym, w.N, n0, n1); break;
+          SPARSEKV_Q8U(4, 1, 1) SPARSEKV_Q8U(4, 2, 1) SPARSEKV_Q8U(4, 3, 1) SPARSEKV_Q8U(4, 4, 1)
+          SPARSEKV_Q8U(5, 1, 1) SPARSEKV_Q8U(5, 2, 1) SPARSEKV_Q8U(5, 3, 1) SPARSEKV_Q8U(5, 4, 1)
+          SPARSEKV_Q8U(6, 1, 1) SPARSEKV_Q8U(6, 2, 1) SPARSEKV_Q8U(6, 3, 1) SPARSEKV_Q8U(6, 4, 1)
+          SPARSEKV_Q8U(6, 1, 2) SPARSEKV_Q8U(6, 2, 2) SPARSEKV_Q8U(6, 3, 2) SPARSEKV_Q8U(6, 4, 2)
 #undef SPARSEKV_Q8U
         }
       }
