@@ -17,7 +17,8 @@ def cpu_decode_table(path: Path = RESULTS / "cpu_decode.json") -> str:
     d = json.loads(path.read_text())
     cold = "rotate" in d
     grouped = all("sdpa_grouped_s" in r for r in d["cases"])     # SDPA also in the GQA-free layout (later runs)
-    lines = [f"CPU decode, {d['threads']} threads, torch {d['torch']}, {d['date']} "
+    lines = [f"CPU decode, {d['threads']} threads, torch {d['torch']}, {d['date']}, on {d.get('cpu', 'an unrecorded CPU')}"
+             + (f" with a {d['llc_bytes'] / 2**20:.0f} MiB last-level cache" if d.get("llc_bytes") else "") + " "
              f"(read bandwidth {d['read_bandwidth_Bps'] / 1e9:.0f} GB/s, compute {d['matmul_flops'] / 1e9:.0f} GFLOP/s"
              + (f" from a square matmul, against {d['decode_matmul_flops'] / 1e9:.0f} for MKL at decode's shape"
                 if "decode_matmul_flops" in d else " (matmul)") + "; "
@@ -360,8 +361,13 @@ def vs_llamacpp_tables(results: Path = RESULTS) -> str:
     return "\n\n".join(vs_llamacpp_table(p) for p in paths) if paths else vs_llamacpp_table(results / "vs_llamacpp.json")
 
 
+def cpu_decode_tables(results: Path = RESULTS) -> str:
+    """One table per committed run of bench_cpu_decode (`cpu_decode*.json`; each names its CPU where it recorded it)."""
+    return "\n\n".join(cpu_decode_table(p) for p in sorted(results.glob("cpu_decode*.json")))
+
+
 def tables() -> str:
-    return (cpu_decode_table() + "\n\n" + summary_precision_table() + "\n\n" + engine_tpot_table() + "\n\n"
+    return (cpu_decode_tables() + "\n\n" + summary_precision_table() + "\n\n" + engine_tpot_table() + "\n\n"
             + prefix_match_table() + "\n\n" + gemma_speed_table() + "\n\n" + router_cost_table() + "\n\n"
             + vs_llamacpp_tables())
 
@@ -388,9 +394,9 @@ def figures() -> list[Path]:
     from benchmarks import bench_cpu_decode, bench_gemma_speed, bench_summary_precision, bench_vs_llamacpp
     root = RESULTS.parents[1]
     out = []
-    d = json.loads((RESULTS / "cpu_decode.json").read_text())
-    bench_cpu_decode.plot(d, root / "figures" / "cpu_decode.png")
-    out.append(root / "figures" / "cpu_decode.png")
+    for f in sorted(RESULTS.glob("cpu_decode*.json")):          # each run's figure: figures/<its name>.png
+        bench_cpu_decode.plot(json.loads(f.read_text()), root / "figures" / f"{f.stem}.png")
+        out.append(root / "figures" / f"{f.stem}.png")
     d = json.loads((RESULTS / "summary_precision.json").read_text())
     bench_summary_precision.plot(d["real_rows"], d["probe_summary"], root / "figures" / "summary_precision.png")
     out.append(root / "figures" / "summary_precision.png")
