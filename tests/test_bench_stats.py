@@ -153,6 +153,21 @@ def test_the_report_renders_a_run_with_intervals_settings_and_labels(tmp_path):
            "0.80 [0.70-0.90] faster |" in text                                  # routed against the lossy type
 
 
+def test_the_summary_has_every_length_of_every_run_with_intervals_and_skips_runs_without_them(tmp_path):
+    import json
+
+    from benchmarks import report
+    d = {"schema": 2, "date": "2026-12-06", "cpu": "EPYC", "cases": [_case("m", 512), _case("m", 2048)]}
+    (tmp_path / "vs_llamacpp_a.json").write_text(json.dumps(d))
+    (tmp_path / "vs_llamacpp_b.json").write_text(json.dumps({"schema": 1, "cases": [_case("old", 512)]}))
+    text = report.vs_llamacpp_summary(sorted(tmp_path.glob("vs_llamacpp*.json")))
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [r.split(" | ")[2:4] for r in rows] == [["m", "512"], ["m", "2,048"]]    # every length; schema 1 left out
+    assert rows[0] == ("| `vs_llamacpp_a` | EPYC, 2026-12-06 | m | 512 | 0.50 [0.40-0.60] faster | 1.02 [1.00-1.04] "
+                       "tie | fa1-q8_0 0.80 [0.70-0.90] faster | 90.0%, 0.010 |")
+    assert report.vs_llamacpp_summary([tmp_path / "vs_llamacpp_b.json"]) == ""
+
+
 def test_decode_rounds_discard_warm_up_until_a_compiled_step_settles(monkeypatch):
     from benchmarks import bench_gemma_speed as g
     clock = [0.0]
