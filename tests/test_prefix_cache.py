@@ -193,3 +193,63 @@ def test_engine_warmup_pins_the_prefix():
     s = eng.new_sequence()
     eng.prefill(s, torch.cat([prefix, torch.tensor([5, 6, 7])]))
     assert eng.stats(s).cached_tokens == 64
+
+
+def test_compare_ttft_interleaves_fresh_engines_after_a_warmup_and_pairs_the_ratios_by_repeat():
+    """W.compare_ttft: one untimed replay each, then off, on, off, on, ... on a fresh engine per replay; the counts
+    equal a single replay's; per-request TTFT is the median over repeats and each ratio pairs one repeat's two
+    replays (checked against numpy, not against the function's own arithmetic). No timing is asserted."""
+    import numpy as np
+
+    from sparsekv.analysis import workloads as W
+    model = sk.Model(sk.ModelConfig.from_name("tiny"))
+    trace = W.multi_agent_build(agents=2, turns=2, system=48, tools=2, tool_len=8, snapshot=40, growth=8, message=8,
+                                tool_result=8, vocab=256, decode_tokens=2)
+    calls = []
+
+    def make(cached):
+        calls.append(cached)
+        return sk.Engine(model, block_size=8, num_blocks=256, prefix_cache=cached, progress=False)
+
+    cmp = W.compare_ttft(make, trace, repeats=3)
+    assert calls == [False, True] * 4 and cmp.repeats == 3 and cmp.warmup
+    single = W.replay(make(True), trace)
+    assert [(r.cached_tokens, r.computed_tokens) for r in cmp.on] == [(r.cached_tokens, r.computed_tokens) for r in single]
+    assert sum(r.cached_tokens for r in cmp.on) > 0 and all(r.cached_tokens == 0 for r in cmp.off)
+    off, on = np.array(cmp.off_s), np.array(cmp.on_s)                  # [repeats, requests]
+    assert off.shape == (3, len(trace.requests)) and (off > 0).all() and (on > 0).all()
+    np.testing.assert_allclose([r.ttft_s for r in cmp.on], np.median(on, axis=0), rtol=0, atol=0)
+    np.testing.assert_allclose(cmp.ratios(), off.sum(1) / on.sum(1), rtol=1e-12)
+    np.testing.assert_allclose(cmp.ratios(slice(0, 1)), off[:, 0] / on[:, 0], rtol=1e-12)
+    med, lo, hi = cmp.speedup()
+    assert med == np.median(off.sum(1) / on.sum(1)) and lo == min(cmp.ratios()) and hi == max(cmp.ratios())
+    calls.clear()
+    W.compare_ttft(make, trace, repeats=1, warmup=False)
+    assert calls == [False, True]
+
+
+def test_compare_ttft_rejects_bad_arguments_before_any_replay_and_engines_that_cache_differently():
+    from sparsekv.analysis import workloads as W
+    model = sk.Model(sk.ModelConfig.from_name("tiny"))
+    trace = W.repo_qa(snapshot=64, questions=2, system=16, q_len=(4, 8), vocab=256, decode_tokens=1)
+    calls = []
+
+    def make(cached):
+        calls.append(cached)
+        return sk.Engine(model, block_size=8, num_blocks=128, prefix_cache=cached, progress=False)
+
+    for kw, err, word in ((dict(repeats=0), ValueError, "repeats"), (dict(repeats=1.5), TypeError, "repeats"),
+                          (dict(repeats=True), TypeError, "repeats"), (dict(warmup="yes"), TypeError, "warmup")):
+        with pytest.raises(err, match=word):
+            W.compare_ttft(make, trace, **kw)
+    with pytest.raises(TypeError, match="make_engine"):
+        W.compare_ttft("engine", trace)
+    assert calls == []                                                  # nothing replayed on a rejected call
+    flips = iter([False, True, True, False])                            # the treated engine caches once, then not
+
+    def unsteady(treated):
+        return sk.Engine(model, block_size=8, num_blocks=128, prefix_cache=next(flips) if treated else False,
+                         progress=False)
+
+    with pytest.raises(RuntimeError, match="different token counts"):
+        W.compare_ttft(unsteady, trace, repeats=2, warmup=False)

@@ -7,13 +7,17 @@ request, the longest prefix it shares with any earlier request of the same names
 (capped to leave one token to compute), which no cache can beat.
 
     replay(engine, trace)                      through a real Engine (TTFT, logits)
+    compare_ttft(make_engine, trace)           replayed without and with a treatment (the cache, a warm-up),
+                                               interleaved, repeated, after an untimed warm-up: paired ratios
     simulate(trace, block_size, num_blocks)    through a store and cache only (no model):
                                                hit rates for block-size and capacity sweeps
 """
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -165,6 +169,69 @@ def replay(engine, trace: Trace, decode_tokens: int | None = None) -> list[Reque
         out.append(RequestResult(r.name, st.prompt_tokens, st.cached_tokens, st.computed_tokens, st.ttft_s, th))
         engine.finish(seq)
     return out
+
+
+@dataclass(frozen=True)
+class TTFTComparison:
+    """One trace replayed `repeats` times without (`off`) and with (`on`) a treatment, each replay on a fresh engine.
+
+    off_s, on_s: [repeats][requests] each request's TTFT in seconds, replay by replay (off and on interleaved, so
+    repeat r's pair ran back to back). off, on: per request, the counts of the replays (identical in every repeat:
+    checked) and the median TTFT over the repeats. warmup: whether one untimed replay of each preceded them.
+    """
+    off_s: tuple[tuple[float, ...], ...]
+    on_s: tuple[tuple[float, ...], ...]
+    off: list[RequestResult]
+    on: list[RequestResult]
+    warmup: bool
+
+    @property
+    def repeats(self) -> int:
+        return len(self.off_s)
+
+    def ratios(self, requests: slice | None = None) -> list[float]:
+        """Per repeat, off's summed TTFT over on's, over `requests` (default: all): a paired ratio per repeat."""
+        sl = requests if requests is not None else slice(None)
+        return [sum(a[sl]) / sum(b[sl]) for a, b in zip(self.off_s, self.on_s)]
+
+    def speedup(self, requests: slice | None = None) -> tuple[float, float, float]:
+        """(median, lowest, highest) of the paired per-repeat ratios `ratios(requests)`: how many times lower the
+        treated TTFT is, with the spread over the repeats."""
+        r = self.ratios(requests)
+        return statistics.median(r), min(r), max(r)
+
+
+def compare_ttft(make_engine: Callable[[bool], object], trace: Trace, repeats: int = 3, warmup: bool = True,
+                 decode_tokens: int | None = None) -> TTFTComparison:
+    """Replay `trace` on `make_engine(False)` and `make_engine(True)` (a fresh engine per replay), interleaved
+    off, on, off, on, ... `repeats` times, after one untimed replay of each when `warmup` (first-touch allocation,
+    lazy imports and the allocator's first growth then fall outside the timings). A timing claim reads the median of
+    the paired per-repeat ratios (`TTFTComparison.speedup`), never one replay."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int):
+        raise TypeError(f"repeats must be an int, got {type(repeats).__name__}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if not isinstance(warmup, bool):
+        raise TypeError(f"warmup must be a bool, got {type(warmup).__name__}")
+    if not callable(make_engine):
+        raise TypeError(f"make_engine must be callable (bool -> Engine), got {type(make_engine).__name__}")
+    if warmup:
+        for treated in (False, True):
+            replay(make_engine(treated), trace, decode_tokens)
+    runs: dict[bool, list[list[RequestResult]]] = {False: [], True: []}
+    for _ in range(repeats):
+        for treated in (False, True):
+            runs[treated].append(replay(make_engine(treated), trace, decode_tokens))
+
+    def summarise(rs: list[list[RequestResult]]) -> list[RequestResult]:
+        counts = [[(r.prompt_tokens, r.cached_tokens, r.computed_tokens) for r in run] for run in rs]
+        if any(c != counts[0] for c in counts):
+            raise RuntimeError("the replays of one trace served different token counts: the engine is not "
+                               "deterministic in what it caches, so their TTFTs are not comparable")
+        return [replace(r, ttft_s=statistics.median(run[i].ttft_s for run in rs)) for i, r in enumerate(rs[0])]
+
+    times = {k: tuple(tuple(r.ttft_s for r in run) for run in v) for k, v in runs.items()}
+    return TTFTComparison(times[False], times[True], summarise(runs[False]), summarise(runs[True]), warmup)
 
 
 @dataclass
