@@ -176,6 +176,53 @@ def test_cells_have_disjoint_seeds_and_refuse_bad_fields():
                       (dict(split="test"), "split must be one of"), (dict(doc0=990, docs=20), "doc0 \\+ docs")):
         with pytest.raises(ValueError, match=words):
             rn.Cell(**{"model": "smollm2", "length": 2048, "task": "passkey", **kw})
+    # dialogue tasks: their own seed blocks after every task's, which keep theirs; two or four dialogues a document
+    assert a.seeds()[0] == rn.SPLITS["study"] and c.seeds()[0] == rn.SPLITS["study"] + 1000 * 2
+    cells = [rn.Cell("smollm2", 2048, t, sp, 0, 1000) for t in rn.CELL_TASKS for sp in rn.SPLITS]
+    every = [s for cl in cells for s in cl.seeds()]
+    assert len(every) == len(set(every))
+    d = rn.Cell("smollm2", 2048, "two-turn-fact-code", questions=4)
+    assert (d.turns, d.base_task, a.turns, a.base_task) == (2, "fact-code", 1, "passkey")
+    for kw, words in ((dict(questions=3), "questions must be 2 or 4"), (dict(task="two-turn-variable"), "task must be")):
+        with pytest.raises(ValueError, match=words):
+            rn.Cell(**{"model": "smollm2", "length": 2048, "task": "two-turn-fact-code", **kw})
+
+
+def test_a_dialogue_cell_asks_each_question_second_and_both_engines_hold_the_first_turn():
+    """Every question of a "two-turn-" cell is the second turn of a dialogue on its document (`tasks.two_turn`): the
+    first question and its true answer come before it, half the dialogues ask the later fact first. The rows' dense
+    answers (sparsekv's and transformers') equal one float64-free reference: transformers' forward over the whole
+    dialogue in one pass, scored by argmax, computed here and not by the study's code."""
+    from sparsekv.model import fetch
+    root = fetch.__file__.rsplit("/sparsekv/", 1)[0]
+    path = fetch.model_path(fetch.SMOLLM2, root)
+    if not path.exists():
+        pytest.skip("the real model is missing: run `make model`")
+    cell = rn.Cell("smollm2", 384, "two-turn-fact-prose", "study", 0, 1, 2)
+    tok = sk.load_tokenizer(str(path))
+    (doc,) = rn.documents(cell, tok)
+    assert len(doc.questions) == 2 and doc.seed == cell.seeds()[0]
+    firsts = set()
+    for q in doc.questions:
+        f = q.first
+        assert f is not None and f.facts != q.facts
+        assert q.ids[:len(f.ids)] == f.ids and q.ids[len(f.ids):len(f.ids) + len(f.answer)] == f.answer
+        firsts.add(doc.facts[f.facts[0]].depth > doc.facts[q.facts[0]].depth)
+    assert firsts == {False, True}                              # one dialogue each way round
+    design = dz.Design(scorers=("halves",), shares=(0.25,), rules=("dense",), int_scorers=(), int_bits=(),
+                       presses=("StreamingLLMPress",), press_shares=(0.25,), aware_presses=(), aware_shares=(),
+                       hqq_bits=())
+    lm = rn.load(cell.model, cell.length, design.methods(), root)
+    rows = pd.DataFrame(rn.run_cell(cell, design.methods(), loaded=lm))
+    assert set(rows["task"]) == {"two-turn-fact-prose"} and len(rows) == 2 * len(design.methods())
+    hf = lm.hf
+    for i, q in enumerate(doc.questions):
+        ids = doc.ids + q.ids + q.answer[:-1]
+        with torch.no_grad():
+            logits = hf(input_ids=torch.tensor([ids])).logits[0, len(doc.ids) + len(q.ids) - 1:]
+        ref = logits.argmax(-1).tolist() == q.answer
+        mine = rows[rows["question"] == i].set_index("method")["correct"]
+        assert mine["dense"] == ref and mine["transformers dense"] == ref, (i, ref, mine.to_dict())
 
 
 # -- the analysis ---------------------------------------------------------------------------------------

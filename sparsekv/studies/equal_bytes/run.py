@@ -17,8 +17,14 @@ Bytes (`studies.questions.method_bytes`, against a bf16 dense cache of the docum
            engine's store keeps more, which changes no answer: the summaries a scorer does not read are never read;
            `tests/test_equal_bytes_study.py` proves it on a store holding only that scorer's summaries)
 
-Seeds: document d of task t in split s has seed SPLITS[s] + 1000 * TASKS.index(t) + d, disjoint from every earlier
-notebook's (seeds below 10,000) and between the pilot and the study.
+Dialogues: a task "two-turn-<task>" (DIALOGUE_TASKS) asks each question as the second turn of a dialogue
+(`analysis.tasks.two_turn`): another question on the same document, its true answer (teacher-forced), then this
+one. Every method holds the first turn's tokens as it holds the question's (prefilled densely, or routed under the
+"routed" rule); the row is scored on the second answer. `questions` is then the dialogues per document (2 or 4; half
+ask the later fact first), from a document of twice as many facts.
+
+Seeds: document d of task t in split s has seed SPLITS[s] + 1000 * CELL_TASKS.index(t) + d, disjoint from every
+earlier notebook's (seeds below 10,000), between the pilot and the study, and between a task and its dialogues.
 """
 from __future__ import annotations
 
@@ -37,6 +43,9 @@ from .. import questions as qs
 
 SPLITS = {"pilot": 900_000, "study": 500_000}       # first seed of each split (documents never shared)
 MODELS = ("smollm2", "gemma3-270m")
+TWO_TURN = "two-turn-"                              # a dialogue task's prefix
+DIALOGUE_TASKS = tuple(TWO_TURN + t for t in ("passkey", "fact-prose", "fact-code", "multi-key"))   # one fact a question
+CELL_TASKS = tasks.TASKS + DIALOGUE_TASKS           # a cell's tasks, in the seed blocks' order (TASKS' seeds unchanged)
 COLUMNS = ("model", "length", "task", "split", "doc", "question", "method", "line", "family", "engine", "knob",
            "rule", "kv_bits", "block_size", "correct", "answer_steps", "top1", "kl", "read", "held", "read_bytes",
            "held_bytes")
@@ -57,8 +66,8 @@ class Cell:
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
-        if self.task not in tasks.TASKS:
-            raise ValueError(f"task must be one of {tasks.TASKS}, got {self.task!r}")
+        if self.task not in CELL_TASKS:
+            raise ValueError(f"task must be one of {CELL_TASKS}, got {self.task!r}")
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {tuple(SPLITS)}, got {self.split!r}")
         for name, lo, hi in (("length", 64, 1 << 17), ("doc0", 0, 999), ("docs", 1, 1000), ("questions", 1, 4)):
@@ -67,9 +76,22 @@ class Cell:
                 raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {v!r}")
         if self.doc0 + self.docs > 1000:
             raise ValueError(f"doc0 + docs must be at most 1000 (a task's seed block), got {self.doc0 + self.docs}")
+        if self.turns == 2 and self.questions % 2:
+            raise ValueError(f"questions must be 2 or 4 for a dialogue task (half of the dialogues ask the later fact "
+                             f"first), got {self.questions}")
+
+    @property
+    def turns(self) -> int:
+        """2 for a dialogue task (each question asked second), else 1."""
+        return 2 if self.task.startswith(TWO_TURN) else 1
+
+    @property
+    def base_task(self) -> str:
+        """The task (`analysis.tasks.TASKS`) whose documents and questions the cell's task uses."""
+        return self.task.removeprefix(TWO_TURN)
 
     def seeds(self) -> list[int]:
-        base = SPLITS[self.split] + 1000 * tasks.TASKS.index(self.task)
+        base = SPLITS[self.split] + 1000 * CELL_TASKS.index(self.task)
         return [base + d for d in range(self.doc0, self.doc0 + self.docs)]
 
 
@@ -155,9 +177,15 @@ def load(model: str, length: int, methods: list[Method], root: str | Path = ".."
 
 
 def documents(cell: Cell, tok) -> list[tasks.Document]:
-    """The cell's documents, each checked (`tasks.check`), with its first `cell.questions` questions."""
+    """The cell's documents, each checked (`tasks.check`), with its first `cell.questions` questions; for a dialogue
+    task, `cell.questions` second turns (`tasks.two_turn`, drawn by the document's seed) from 2 * questions facts."""
     out = []
     for seed in cell.seeds():
+        if cell.turns == 2:
+            doc = tasks.make(cell.base_task, tok, cell.length, 2 * cell.questions, seed=seed)
+            tasks.check(doc, tok)
+            out.append(dataclasses.replace(doc, questions=tasks.two_turn(tok, doc, cell.questions, seed=seed)))
+            continue
         n = {"common-words": min(cell.questions, 3),           # its 3 ranks
              "multi-value": 3 * cell.questions}.get(cell.task, cell.questions)   # 3 numbers per key, a key a question
         doc = tasks.make(cell.task, tok, cell.length, n, seed=seed)
@@ -259,5 +287,5 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
     return path
 
 
-__all__ = ["SPLITS", "MODELS", "COLUMNS", "Cell", "Loaded", "load", "documents", "run_cell", "method_bytes",
+__all__ = ["SPLITS", "MODELS", "TWO_TURN", "DIALOGUE_TASKS", "CELL_TASKS", "COLUMNS", "Cell", "Loaded", "load", "documents", "run_cell", "method_bytes",
            "budget_tokens", "write_rows"]
