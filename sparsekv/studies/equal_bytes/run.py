@@ -287,5 +287,5 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
     return path
 
 
-__all__ = ["SPLITS", "MODELS", "TWO_TURN", "DIALOGUE_TASKS", "CELL_TASKS", "COLUMNS", "Cell", "Loaded", "load", "documents", "run_cell", "method_bytes",
-           "budget_tokens", "write_rows"]
+__all__ = ["SPLITS", "MODELS", "TWO_TURN", "DIALOGUE_TASKS", "CELL_TASKS", "COLUMNS", "Cell", "Loaded", "load",
+           "documents", "run_cell", "method_bytes", "budget_tokens", "write_rows"]
