@@ -223,6 +223,9 @@ def test_compare_ttft_interleaves_fresh_engines_after_a_warmup_and_pairs_the_rat
     np.testing.assert_allclose(cmp.ratios(slice(0, 1)), off[:, 0] / on[:, 0], rtol=1e-12)
     med, lo, hi = cmp.speedup()
     assert med == np.median(off.sum(1) / on.sum(1)) and lo == min(cmp.ratios()) and hi == max(cmp.ratios())
+    for bad, err in ((0, TypeError), (slice(5, 5), ValueError)):
+        with pytest.raises(err, match="requests must"):
+            cmp.ratios(bad)
     calls.clear()
     W.compare_ttft(make, trace, repeats=1, warmup=False)
     assert calls == [False, True]

@@ -191,7 +191,11 @@ class TTFTComparison:
 
     def ratios(self, requests: slice | None = None) -> list[float]:
         """Per repeat, off's summed TTFT over on's, over `requests` (default: all): a paired ratio per repeat."""
+        if requests is not None and not isinstance(requests, slice):
+            raise TypeError(f"requests must be a slice of the trace's requests or None, got {type(requests).__name__}")
         sl = requests if requests is not None else slice(None)
+        if not self.off_s[0][sl]:
+            raise ValueError(f"requests must select at least one of the {len(self.off_s[0])} requests, got {sl}")
         return [sum(a[sl]) / sum(b[sl]) for a, b in zip(self.off_s, self.on_s)]
 
     def speedup(self, requests: slice | None = None) -> tuple[float, float, float]:
