@@ -24,3 +24,15 @@ def test_under_xdist_every_module_runs_whole_on_one_worker():
     workers = {m: {w for w, mm in ran if mm == m} for m in mods}
     assert len(ran) >= 4 and {m for _, m in ran} == set(mods), run.stdout[-2000:]
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_a_unit_skipped_here_keeps_the_seconds_recorded_where_it_ran():
+    """Recording durations on a machine without Chromium must not write test_browser's 0 s over CI's 84 s (it would
+    then start last in CI, on one worker, after the others finish); units that ran whole are re-measured, new ones
+    added, and a unit skipped in part keeps the larger of its two records."""
+    from conftest import recorded_durations
+    measured = {"test_browser": 0.02, "test_book": 6.4, "test_sweep": 101.04, "test_new": 3.0}
+    before = {"test_browser": 84.3, "test_book": 41.4, "test_sweep": 118.1}
+    assert recorded_durations(measured, {"test_browser", "test_book"}, before) == \
+        {"test_book": 41.4, "test_browser": 84.3, "test_new": 3.0, "test_sweep": 101.0}
+    assert recorded_durations(measured, set(), before)["test_browser"] == 0.0

@@ -205,14 +205,19 @@ def test_compare_ttft_interleaves_fresh_engines_after_a_warmup_and_pairs_the_rat
     model = sk.Model(sk.ModelConfig.from_name("tiny"))
     trace = W.multi_agent_build(agents=2, turns=2, system=48, tools=2, tool_len=8, snapshot=40, growth=8, message=8,
                                 tool_result=8, vocab=256, decode_tokens=2)
-    calls = []
+    calls, made = [], []
 
     def make(cached):
         calls.append(cached)
-        return sk.Engine(model, block_size=8, num_blocks=256, prefix_cache=cached, progress=False)
+        made.append(sk.Engine(model, block_size=8, num_blocks=256, prefix_cache=cached, progress=False))
+        return made[-1]
 
     cmp = W.compare_ttft(make, trace, repeats=3)
-    assert calls == [False, True] * 4 and cmp.repeats == 3 and cmp.warmup
+    assert calls == [False, True] * 4 and cmp.repeats == 3 and cmp.warmup and cmp.warmup_requests == 2
+    warm = made[1].prefix_cache.stats                                  # the warm-up's cached engine: 2 requests,
+    assert made[0].prefix_cache is None and warm.queries == 2 and warm.hit_tokens > 0   # the second one a hit
+    assert cmp.engines[0] is made[-2] and cmp.engines[1] is made[-1]   # the last repeat's engines, off then on
+    assert cmp.engines[1].prefix_cache.stats.queries == len(trace.requests)
     single = W.replay(make(True), trace)
     assert [(r.cached_tokens, r.computed_tokens) for r in cmp.on] == [(r.cached_tokens, r.computed_tokens) for r in single]
     assert sum(r.cached_tokens for r in cmp.on) > 0 and all(r.cached_tokens == 0 for r in cmp.off)
@@ -227,8 +232,10 @@ def test_compare_ttft_interleaves_fresh_engines_after_a_warmup_and_pairs_the_rat
         with pytest.raises(err, match="requests must"):
             cmp.ratios(bad)
     calls.clear()
-    W.compare_ttft(make, trace, repeats=1, warmup=False)
-    assert calls == [False, True]
+    assert not W.compare_ttft(make, trace, repeats=1, warmup=False).warmup and calls == [False, True]
+    made.clear()
+    assert W.compare_ttft(make, trace, repeats=1, warmup_requests=None).warmup_requests == len(trace.requests)
+    assert made[1].prefix_cache.stats.queries == len(trace.requests)   # None: the whole trace warms up
 
 
 def test_compare_ttft_rejects_bad_arguments_before_any_replay_and_engines_that_cache_differently():
@@ -242,7 +249,9 @@ def test_compare_ttft_rejects_bad_arguments_before_any_replay_and_engines_that_c
         return sk.Engine(model, block_size=8, num_blocks=128, prefix_cache=cached, progress=False)
 
     for kw, err, word in ((dict(repeats=0), ValueError, "repeats"), (dict(repeats=1.5), TypeError, "repeats"),
-                          (dict(repeats=True), TypeError, "repeats"), (dict(warmup="yes"), TypeError, "warmup")):
+                          (dict(repeats=True), TypeError, "repeats"), (dict(warmup="yes"), TypeError, "warmup"),
+                          (dict(warmup_requests=0), ValueError, "warmup_requests"),
+                          (dict(warmup_requests=1.0), TypeError, "warmup_requests")):
         with pytest.raises(err, match=word):
             W.compare_ttft(make, trace, **kw)
     with pytest.raises(TypeError, match="make_engine"):

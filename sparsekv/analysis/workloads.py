@@ -177,13 +177,20 @@ class TTFTComparison:
 
     off_s, on_s: [repeats][requests] each request's TTFT in seconds, replay by replay (off and on interleaved, so
     repeat r's pair ran back to back). off, on: per request, the counts of the replays (identical in every repeat:
-    checked) and the median TTFT over the repeats. warmup: whether one untimed replay of each preceded them.
+    checked) and the median TTFT over the repeats. warmup_requests: how many of the trace's first requests one
+    untimed replay of each ran before them (0: none). engines: (off, on), the engines of the last repeat, to read
+    their stores and caches after the run (not compared, not printed).
     """
     off_s: tuple[tuple[float, ...], ...]
     on_s: tuple[tuple[float, ...], ...]
     off: list[RequestResult]
     on: list[RequestResult]
-    warmup: bool
+    warmup_requests: int
+    engines: tuple[object, object] = field(default=(None, None), compare=False, repr=False)
+
+    @property
+    def warmup(self) -> bool:
+        return self.warmup_requests > 0
 
     @property
     def repeats(self) -> int:
@@ -206,26 +213,41 @@ class TTFTComparison:
 
 
 def compare_ttft(make_engine: Callable[[bool], object], trace: Trace, repeats: int = 3, warmup: bool = True,
-                 decode_tokens: int | None = None) -> TTFTComparison:
+                 decode_tokens: int | None = None, warmup_requests: int | None = 2) -> TTFTComparison:
     """Replay `trace` on `make_engine(False)` and `make_engine(True)` (a fresh engine per replay), interleaved
-    off, on, off, on, ... `repeats` times, after one untimed replay of each when `warmup` (first-touch allocation,
-    lazy imports and the allocator's first growth then fall outside the timings). A timing claim reads the median of
-    the paired per-repeat ratios (`TTFTComparison.speedup`), never one replay."""
+    off, on, off, on, ... `repeats` times. A timing claim reads the median of the paired per-repeat ratios
+    (`TTFTComparison.speedup`), never one replay.
+
+    warmup: first, one untimed replay of the trace's first `warmup_requests` requests (None: all of them) on an
+    engine of each kind, so that lazy imports, first calls and the allocator's first growth fall outside the
+    timings. Two requests are the default: the second meets the first's blocks, so the cache's hit path is warmed
+    too, at a fraction of a whole replay's cost.
+    """
     if isinstance(repeats, bool) or not isinstance(repeats, int):
         raise TypeError(f"repeats must be an int, got {type(repeats).__name__}")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if not isinstance(warmup, bool):
         raise TypeError(f"warmup must be a bool, got {type(warmup).__name__}")
+    if warmup_requests is not None:
+        if isinstance(warmup_requests, bool) or not isinstance(warmup_requests, int):
+            raise TypeError(f"warmup_requests must be an int or None, got {type(warmup_requests).__name__}")
+        if warmup_requests < 1:
+            raise ValueError(f"warmup_requests must be at least 1 (or None: the whole trace), got {warmup_requests}")
     if not callable(make_engine):
         raise TypeError(f"make_engine must be callable (bool -> Engine), got {type(make_engine).__name__}")
+    n_warm = 0
     if warmup:
+        head = Trace(trace.name, trace.requests[:warmup_requests], trace.notes)
+        n_warm = len(head.requests)
         for treated in (False, True):
-            replay(make_engine(treated), trace, decode_tokens)
+            replay(make_engine(treated), head, decode_tokens)
     runs: dict[bool, list[list[RequestResult]]] = {False: [], True: []}
+    last: dict[bool, object] = {}
     for _ in range(repeats):
         for treated in (False, True):
-            runs[treated].append(replay(make_engine(treated), trace, decode_tokens))
+            last[treated] = make_engine(treated)
+            runs[treated].append(replay(last[treated], trace, decode_tokens))
 
     def summarise(rs: list[list[RequestResult]]) -> list[RequestResult]:
         counts = [[(r.prompt_tokens, r.cached_tokens, r.computed_tokens) for r in run] for run in rs]
@@ -235,7 +257,8 @@ def compare_ttft(make_engine: Callable[[bool], object], trace: Trace, repeats: i
         return [replace(r, ttft_s=statistics.median(run[i].ttft_s for run in rs)) for i, r in enumerate(rs[0])]
 
     times = {k: tuple(tuple(r.ttft_s for r in run) for run in v) for k, v in runs.items()}
-    return TTFTComparison(times[False], times[True], summarise(runs[False]), summarise(runs[True]), warmup)
+    return TTFTComparison(times[False], times[True], summarise(runs[False]), summarise(runs[True]), n_warm,
+                          (last[False], last[True]))
 
 
 @dataclass
