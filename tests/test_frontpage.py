@@ -80,5 +80,22 @@ def test_the_other_headline_cells_are_each_named_with_their_verdicts_or_what_the
         clause = line.split(f"**{cell}**", 1)[1].split("; **", 1)[0]
         assert f"({rows[0].n_docs} documents, {len(rows)} contrasts)" in clause
         for r in rows:
-            assert (r.name.split(": ", 1)[1] + " (" in clause) == (r.p_adj < table.plan.alpha)
+            what = r.name.split(": ", 1)[1]
+            assert (what + " (" in clause) == (r.p_adj < table.plan.alpha)
+            alike = r.p_adj >= table.plan.alpha and r.a_only == 0 and r.b_only == 0   # no discordant pair at all
+            assert (f"{what}: the same answer on all {r.n_questions} questions" in clause) == alike
         assert f"{sum(r.p_adj >= table.plan.alpha for r in rows)} not shown" in clause
+
+
+def test_a_contrast_whose_methods_answer_alike_is_named_as_making_no_claim():
+    """A not-shown contrast with no discordant pair is named (the same answers everywhere: a zero-variance test makes
+    no claim); a not-shown one with discordant pairs is only counted; a shown one is listed with its verdict."""
+    from sparsekv.analysis.clustered import ContrastRow
+
+    def row(name, p_adj, a_only, b_only):
+        return ContrastRow(f"cell: {name}", "non-inferiority", "x", "dense", 0.05, 0.0, 0.0, 0.0, 0.9, 1.0, p_adj,
+                           a_only, b_only, "non-inferior within 5 points (p = 0.01)", 128, 32)
+
+    text = frontpage._verdicts([row("alike", 1.0, 0, 0), row("close", 0.4, 3, 4), row("good", 0.01, 0, 2)], 0.05)
+    assert text == ("shown: good (non-inferior within 5 points); 2 not shown (alike: the same answer on all 128 "
+                    "questions, so its test has no variance and makes no claim)")

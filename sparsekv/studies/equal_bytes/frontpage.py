@@ -91,7 +91,14 @@ def _shown(rows, alpha: float) -> list[str]:
 
 
 def _verdicts(rows, alpha: float) -> str:
-    return f"shown: {'; '.join(_shown(rows, alpha)) or 'nothing'}; {sum(r.p_adj >= alpha for r in rows)} not shown"
+    """A cell's clause: the contrasts shown, how many are not, and each one not shown because its two methods answered
+    every question alike (no discordant pair: the document-level test has no variance, so it makes no claim either
+    way, which a bare count would hide)."""
+    not_shown = [r for r in rows if r.p_adj >= alpha]
+    alike = [f"{r.name.split(': ', 1)[1]}: the same answer on all {r.n_questions} questions, so its test has no "
+             "variance and makes no claim" for r in not_shown if r.a_only == 0 and r.b_only == 0 and r.n_questions]
+    return (f"shown: {'; '.join(_shown(rows, alpha)) or 'nothing'}; {len(not_shown)} not shown"
+            + (f" ({'; '.join(alike)})" if alike else ""))
 
 
 def _other_cells(study, headline, table, front: tuple, alpha: float) -> str:
