@@ -212,7 +212,7 @@ def test_compare_ttft_interleaves_fresh_engines_after_a_warmup_and_pairs_the_rat
         made.append(sk.Engine(model, block_size=8, num_blocks=256, prefix_cache=cached, progress=False))
         return made[-1]
 
-    cmp = W.compare_ttft(make, trace, repeats=3)
+    cmp = W.compare_ttft(make, trace, repeats=3, keep_engines=True)
     assert calls == [False, True] * 4 and cmp.repeats == 3 and cmp.warmup and cmp.warmup_requests == 2
     warm = made[1].prefix_cache.stats                                  # the warm-up's cached engine: 2 requests,
     assert made[0].prefix_cache is None and warm.queries == 2 and warm.hit_tokens > 0   # the second one a hit
@@ -232,7 +232,8 @@ def test_compare_ttft_interleaves_fresh_engines_after_a_warmup_and_pairs_the_rat
         with pytest.raises(err, match="requests must"):
             cmp.ratios(bad)
     calls.clear()
-    assert not W.compare_ttft(make, trace, repeats=1, warmup=False).warmup and calls == [False, True]
+    quick = W.compare_ttft(make, trace, repeats=1, warmup=False)
+    assert not quick.warmup and calls == [False, True] and quick.engines == (None, None)   # kept only when asked
     made.clear()
     assert W.compare_ttft(make, trace, repeats=1, warmup_requests=None).warmup_requests == len(trace.requests)
     assert made[1].prefix_cache.stats.queries == len(trace.requests)   # None: the whole trace warms up
@@ -251,7 +252,8 @@ def test_compare_ttft_rejects_bad_arguments_before_any_replay_and_engines_that_c
     for kw, err, word in ((dict(repeats=0), ValueError, "repeats"), (dict(repeats=1.5), TypeError, "repeats"),
                           (dict(repeats=True), TypeError, "repeats"), (dict(warmup="yes"), TypeError, "warmup"),
                           (dict(warmup_requests=0), ValueError, "warmup_requests"),
-                          (dict(warmup_requests=1.0), TypeError, "warmup_requests")):
+                          (dict(warmup_requests=1.0), TypeError, "warmup_requests"),
+                          (dict(keep_engines=1), TypeError, "keep_engines")):
         with pytest.raises(err, match=word):
             W.compare_ttft(make, trace, **kw)
     with pytest.raises(TypeError, match="make_engine"):

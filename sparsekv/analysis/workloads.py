@@ -179,7 +179,8 @@ class TTFTComparison:
     repeat r's pair ran back to back). off, on: per request, the counts of the replays (identical in every repeat:
     checked) and the median TTFT over the repeats. warmup_requests: how many of the trace's first requests one
     untimed replay of each ran before them (0: none). engines: (off, on), the engines of the last repeat, to read
-    their stores and caches after the run (not compared, not printed).
+    their stores and caches after the run, when `compare_ttft(keep_engines=True)` (else (None, None): an engine holds
+    its whole K/V pool, so a kept comparison keeps two pools alive; not compared, not printed).
     """
     off_s: tuple[tuple[float, ...], ...]
     on_s: tuple[tuple[float, ...], ...]
@@ -213,7 +214,8 @@ class TTFTComparison:
 
 
 def compare_ttft(make_engine: Callable[[bool], object], trace: Trace, repeats: int = 3, warmup: bool = True,
-                 decode_tokens: int | None = None, warmup_requests: int | None = 2) -> TTFTComparison:
+                 decode_tokens: int | None = None, warmup_requests: int | None = 2,
+                 keep_engines: bool = False) -> TTFTComparison:
     """Replay `trace` on `make_engine(False)` and `make_engine(True)` (a fresh engine per replay), interleaved
     off, on, off, on, ... `repeats` times. A timing claim reads the median of the paired per-repeat ratios
     (`TTFTComparison.speedup`), never one replay.
@@ -222,6 +224,8 @@ def compare_ttft(make_engine: Callable[[bool], object], trace: Trace, repeats: i
     engine of each kind, so that lazy imports, first calls and the allocator's first growth fall outside the
     timings. Two requests are the default: the second meets the first's blocks, so the cache's hit path is warmed
     too, at a fraction of a whole replay's cost.
+    keep_engines: return the last repeat's two engines (`TTFTComparison.engines`) to read their caches and stores;
+    off by default, since each holds its K/V pool for as long as the comparison lives.
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int):
         raise TypeError(f"repeats must be an int, got {type(repeats).__name__}")
@@ -229,6 +233,8 @@ def compare_ttft(make_engine: Callable[[bool], object], trace: Trace, repeats: i
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if not isinstance(warmup, bool):
         raise TypeError(f"warmup must be a bool, got {type(warmup).__name__}")
+    if not isinstance(keep_engines, bool):
+        raise TypeError(f"keep_engines must be a bool, got {type(keep_engines).__name__}")
     if warmup_requests is not None:
         if isinstance(warmup_requests, bool) or not isinstance(warmup_requests, int):
             raise TypeError(f"warmup_requests must be an int or None, got {type(warmup_requests).__name__}")
@@ -257,8 +263,8 @@ def compare_ttft(make_engine: Callable[[bool], object], trace: Trace, repeats: i
         return [replace(r, ttft_s=statistics.median(run[i].ttft_s for run in rs)) for i, r in enumerate(rs[0])]
 
     times = {k: tuple(tuple(r.ttft_s for r in run) for run in v) for k, v in runs.items()}
-    return TTFTComparison(times[False], times[True], summarise(runs[False]), summarise(runs[True]), n_warm,
-                          (last[False], last[True]))
+    engines = (last[False], last[True]) if keep_engines else (None, None)
+    return TTFTComparison(times[False], times[True], summarise(runs[False]), summarise(runs[True]), n_warm, engines)
 
 
 @dataclass
