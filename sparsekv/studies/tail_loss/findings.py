@@ -5,7 +5,7 @@ archived notebook 23's committed metrics, kept for comparison until a rerun repl
 from ...methods import best
 from ..findings.finding import PRESSES, Finding, Metrics, router_names
 
-N22 = "22_tail_loss"                                    # tail loss of every family: SmolLM2 at 2k
+N22 = "22_tail_loss"                                    # tail loss of every family: SmolLM2 and Gemma 3 at 2k
 
 
 def _tail_delta(n: str, tag: str, kind: str, method: str):
@@ -128,4 +128,4 @@ def contrast_finding(n: str, tag: str, model: str) -> Finding:
          "pr": (n, f"bytes.{tag}.SnapKV@256.read"), "q8r": (n, f"bytes.{tag}.hqq8.read")})
 
 
-FINDINGS = (contrast_finding(N22, "smollm2_2k", "SmolLM2-135M"),)
+FINDINGS = (contrast_finding(N22, "smollm2_2k", "SmolLM2-135M"), contrast_finding(N22, "gemma3_2k", "Gemma 3 270M"))

@@ -111,7 +111,7 @@ def bytes_figure(st: TailStudy, path: str | Path | None = None):
             _excess_axis(ax)
             ax.set_title(f"{kind}", fontsize=9)
             ax.set(xlabel=f"K/V bytes {'read per decode step' if what == 'read' else 'held'} / bf16 dense (log)")
-        row[0].set_ylabel("loss - own dense's (nats / token, 95% CI over documents)")
+        row[0].set_ylabel("loss - own dense's\n(nats / token, 95% CI over documents)")   # two lines: fits a row
     viz.legend_outside(axes[0][1], ncol=1, title=viz.dodge_note(), title_fontsize=7)
     r = st.nbytes[f"{cfg.scorers[0]}@{cfg.budget}"]
     return _finish(fig, f"{st.model_name} at {cfg.length} tokens: {cfg.scorers[0]}@{cfg.budget} reads {r['read']:.2f} "
