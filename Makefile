@@ -67,7 +67,10 @@ test: setup model kernels
 # Built without AMX (LLAMA_CFLAGS): ggml's AMX matmul crashed here on a Xeon that has it (SIGSEGV in
 # ggml_backend_amx_mul_mat at the first eval, 2026-12-02; rebuilt with AMX on 2026-12-05: SIGILL at its first
 # `ldtilecfg`, with the kernel granting the tile state (arch_prctl ARCH_REQ_XCOMP_PERM succeeds), so this VM lists
-# AMX in cpuinfo but faults on its instructions), and the flags change nothing on a CPU without AMX; set
+# AMX in cpuinfo but faults on its instructions; 2026-12-06, on a Xeon whose oneDNN runs its AMX bf16 matmul
+# (ONEDNN_VERBOSE: brg_matmul avx10_1_512_amx): SIGSEGV at ggml's `ldtilecfg` in an OpenMP worker, a general
+# protection fault, which the instruction raises for a tile configuration it rejects, so there the fault points to
+# ggml's AMX path in this version, not the VM), and the flags change nothing on a CPU without AMX; set
 # LLAMA_CFLAGS= to keep AMX where it works. The JSON records the build (`llama_cpp_amx`), and the report labels rows
 # measured without it. --force-reinstall rebuilds an installed copy with these flags.
 LLAMA_CPP_SPEC ?= llama-cpp-python==0.3.36
