@@ -234,6 +234,8 @@ def test_compare_ttft_interleaves_fresh_engines_after_a_warmup_and_pairs_the_rat
     calls.clear()
     quick = W.compare_ttft(make, trace, repeats=1, warmup=False)
     assert not quick.warmup and calls == [False, True] and quick.engines == (None, None)   # kept only when asked
+    dropped = cmp.without_engines()                                    # the timings stay, the engines go
+    assert dropped.engines == (None, None) and cmp.engines[1] is not None and dropped.off_s == cmp.off_s
     made.clear()
     assert W.compare_ttft(make, trace, repeats=1, warmup_requests=None).warmup_requests == len(trace.requests)
     assert made[1].prefix_cache.stats.queries == len(trace.requests)   # None: the whole trace warms up

@@ -197,6 +197,10 @@ class TTFTComparison:
     def repeats(self) -> int:
         return len(self.off_s)
 
+    def without_engines(self) -> "TTFTComparison":
+        """This comparison with its kept engines dropped (`engines` (None, None)), so their K/V pools can go once read."""
+        return replace(self, engines=(None, None))
+
     def ratios(self, requests: slice | None = None) -> list[float]:
         """Per repeat, off's summed TTFT over on's, over `requests` (default: all): a paired ratio per repeat."""
         if requests is not None and not isinstance(requests, slice):
