@@ -25,7 +25,7 @@ tokens (`core.traffic.cache_bytes`, the byte model notebook 09 checks against he
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +42,32 @@ def other_rule(rule: str) -> str:
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     return next(r for r in RULES if r != rule)
+
+
+@dataclass
+class MethodsRun:
+    """What every finished run over sparsekv's methods and the peers' holds (`paired.Study`, `tail_loss.TailStudy`
+    add their own results): config: the run's config; model_name; windows: the model's per-layer sliding windows (None:
+    all global); lossless: sparsekv's methods (`Lossless`), lossy: the peers' (`Lossy`); rows: one per measured
+    (question or token, method); held_measured: peer method -> the bytes its cache held, measured; run_s: wall time of
+    the run; nbytes: method -> `method_bytes`; model_vs_held: peer method -> measured held bytes over the byte
+    model's."""
+
+    config: object
+    model_name: str
+    windows: tuple | None
+    lossless: list
+    lossy: list
+    rows: list = field(default_factory=list)
+    held_measured: dict = field(default_factory=dict)
+    run_s: float = 0.0
+    nbytes: dict = field(default_factory=dict)
+    model_vs_held: dict = field(default_factory=dict)
+
+    @property
+    def methods(self) -> list[str]:
+        """Every method's name, sparsekv's first."""
+        return [m.name for m in self.lossless] + [m.name for m in self.lossy]
 
 
 @dataclass(frozen=True)

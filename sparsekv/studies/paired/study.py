@@ -122,7 +122,7 @@ class StudyConfig:
 
 
 @dataclass
-class Study:
+class Study(qs.MethodsRun):
     """A finished run. rows: one per (question, method) (`questions.lossless_answers` / `peer_answers`); acc:
     (task, method) -> its Wilson cell; nbytes: method -> `method_bytes` at the document plus 16 tokens; tests:
     (task, pair name) -> McNemar; agree: task -> sparsekv dense against transformers dense; agreement: (task, method)
@@ -139,16 +139,7 @@ class Study:
     two methods' names ("a", "b"; `best_of`)."""
 
     config: StudyConfig
-    model_name: str
-    windows: tuple | None
-    lossless: list
-    lossy: list
-    rows: list = field(default_factory=list)
-    held_measured: dict = field(default_factory=dict)
-    run_s: float = 0.0
     acc: dict = field(default_factory=dict)
-    nbytes: dict = field(default_factory=dict)
-    model_vs_held: dict = field(default_factory=dict)
     pairs: dict = field(default_factory=dict)
     tests: dict = field(default_factory=dict)
     agree: dict = field(default_factory=dict)
@@ -177,10 +168,6 @@ class Study:
         """The tasks answered: the config's, then each one's "<task> 2-turn" when the run asks dialogues."""
         return list(self.config.task_names) + ([f"{t} 2-turn" for t in self.config.task_names]
                                                if self.config.dialogues else [])
-
-    @property
-    def methods(self) -> list[str]:
-        return [m.name for m in self.lossless] + [m.name for m in self.lossy]
 
     def family(self, name: str) -> str:
         """The plotting family of a method: dense, a router's scorer, a press's name, or HQQ<bits>."""

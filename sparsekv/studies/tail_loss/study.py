@@ -150,7 +150,7 @@ def peer_losses(hf, ids: list[int], prefix: int, methods: list[peers.PeerMethod]
 
 
 @dataclass
-class TailStudy:
+class TailStudy(qs.MethodsRun):
     """A finished run. rows: one per (kind, doc, method, token) with its loss "nll" (nats); summary: (kind, method) ->
     {"n" tokens, "docs", "nll" (mean), "delta" (the mean excess over the method's own engine's dense), "lo", "hi"
     (its paired cluster-bootstrap 95% interval over documents), "p" (its clustered t-test, raw: descriptive),
@@ -161,23 +161,10 @@ class TailStudy:
     every HQQ token quantised), held_modelled the latter."""
 
     config: TailConfig
-    model_name: str
-    windows: tuple | None
-    lossless: list
-    lossy: list
-    rows: list = field(default_factory=list)
-    held_measured: dict = field(default_factory=dict)
-    run_s: float = 0.0
     summary: dict = field(default_factory=dict)
     contrasts: clustered.ContrastTable | None = None
     agree: dict = field(default_factory=dict)
-    nbytes: dict = field(default_factory=dict)
-    model_vs_held: dict = field(default_factory=dict)
     held_modelled: dict = field(default_factory=dict)
-
-    @property
-    def methods(self) -> list[str]:
-        return [m.name for m in self.lossless] + [m.name for m in self.lossy]
 
     def dense_of(self, name: str) -> str:
         """The dense a method is compared with: its own engine's ("dense" for sparsekv's, "hf dense" for transformers')."""
