@@ -16,6 +16,9 @@ reads them), for the attention shapes of the two models
     f32_kernel_float32   prefill_attn_f32 over float32 values
     bf16_kernel     prefill_attn_bf16 (AVX512-BF16 pair products), only where this build has it
 
+and which of them the engine's "auto" takes for that shape here (`attention.decode.auto_prefill_path`: SDPA where
+oneDNN has AMX tiles, "sdpa_amx").
+
 Each is timed with one warm-up call discarded, then the median of --repeats calls, at --threads threads (1 by
 default: a per-core rate), and reported as seconds, GFLOP/s (4 T Hq D FLOPs per visible key of each query) and the
 ratio to SDPA at the same input dtype, measured in the same run. Every kernel output is also checked against SDPA in
@@ -69,6 +72,18 @@ def _sdpa(q, k, v, window: int, N: int):
     return out[0].permute(1, 0, 2)
 
 
+def auto_path(Hq: int, H: int, D: int) -> str:
+    """What the engine's prefill attention ("auto") runs for a bfloat16 chunk of this shape over a bfloat16 store on
+    this CPU (`attention.decode.auto_prefill_path`)."""
+    import torch
+
+    import sparsekv as sk
+    from sparsekv.attention import decode
+    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=16, num_blocks=1,
+                                         dtype=torch.bfloat16))
+    return decode.auto_prefill_path(torch.zeros(1, Hq, D, dtype=torch.bfloat16), store)
+
+
 def visible_keys(T: int, N: int, window: int) -> int:
     """Keys attended, summed over the T queries (the last T of N tokens)."""
     return sum(min(N - T + t + 1, window or N) for t in range(T))
@@ -77,6 +92,7 @@ def visible_keys(T: int, N: int, window: int) -> int:
 def measure(args) -> dict:
     import torch
 
+    from sparsekv.core import cpu_paths
     from sparsekv.core.profiling import median_time
     from sparsekv.kernels import cpu_decode
     from sparsekv.suite import cpuconfig
@@ -113,17 +129,23 @@ def measure(args) -> dict:
                         case[f"{label}_max_diff_vs_sdpa_f32"] = float((fn().float() - base).abs().max())
                 case["f32_kernel_vs_sdpa_bfloat16"] = case["sdpa_bfloat16_s"] / case["f32_kernel_bfloat16_s"]
                 case["f32_kernel_vs_sdpa_float32"] = case["sdpa_float32_s"] / case["f32_kernel_float32_s"]
+                if bf16_kernel:
+                    case["bf16_kernel_vs_sdpa_bfloat16"] = case["sdpa_bfloat16_s"] / case["bf16_kernel_s"]
+                case["auto"] = auto_path(Hq, H, D)
                 cases.append(case)
                 print(f"{name:>13s} N={N:>6,} w={window:>3}: SDPA f32 {case['sdpa_float32_s'] * 1e3:8.1f} ms, "
-                      f"SDPA bf16 {case['sdpa_bfloat16_s'] * 1e3:8.1f} ms, kernel(bf16) "
+                      f"SDPA bf16 {case['sdpa_bfloat16_s'] * 1e3:8.1f} ms, f32 kernel(bf16) "
                       f"{case['f32_kernel_bfloat16_s'] * 1e3:7.1f} ms ({case['f32_kernel_bfloat16_gflops']:.0f} "
                       f"GFLOP/s, {case['f32_kernel_vs_sdpa_bfloat16']:.1f}x bf16 SDPA, "
-                      f"{case['f32_kernel_vs_sdpa_float32']:.1f}x f32 SDPA)", flush=True)
+                      f"{case['f32_kernel_vs_sdpa_float32']:.1f}x f32 SDPA)"
+                      + (f", bf16 kernel {case['bf16_kernel_s'] * 1e3:7.1f} ms "
+                         f"({case['bf16_kernel_vs_sdpa_bfloat16']:.1f}x bf16 SDPA)" if bf16_kernel else "")
+                      + f"; auto takes {case['auto']}", flush=True)
     return {"date": str(date.today()), "cpu": cpuconfig.cpu_model(), "cpu_config": args.cpu,
             "shared_machine": "yes: other developers' jobs share its 2 cores; medians, ratios from one run",
             "torch": torch.__version__, "aten_capability": torch.backends.cpu.get_cpu_capability(),
             "extension_arch": cpu_decode.arch(), "f32_prefill_vectorized": cpu_decode.f32_prefill_vectorized(),
-            "bf16_prefill_kernel": bf16_kernel, "threads": torch.get_num_threads(), "repeats": args.repeats,
+            "bf16_prefill_kernel": bf16_kernel, "amx_bf16": cpu_paths.amx_bf16(), "threads": torch.get_num_threads(), "repeats": args.repeats,
             "warmup": 1, "chunk": CHUNK, "cases": cases}
 
 

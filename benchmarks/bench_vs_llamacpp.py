@@ -99,10 +99,24 @@ def native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
 
 
-def bf16_kernel() -> bool:
-    """Whether sparsekv's bfloat16 prefill attention runs in its own kernel here (`cpu/prefill_attn.cpp`), not SDPA."""
-    from sparsekv.kernels import cpu_decode
-    return cpu_decode.bf16_prefill_available()
+def prefill_path(model, engine) -> str:
+    """What sparsekv's prefill attention runs in this run: `attention.decode.auto_prefill_path` for a chunk of this
+    model's queries in its prefill dtype ("sdpa_amx", "bf16_prefill_kernel", "bf16_prefill_f32_kernel" or "sdpa")."""
+    from sparsekv.attention import decode
+    c = model.config
+    store = getattr(engine.store, "main", engine.store)              # a hybrid store: its global group's
+    return decode.auto_prefill_path(torch.zeros(1, c.n_heads, c.head_dim, dtype=model.prefill_dtype), store)
+
+
+def other_prefill(path: str) -> tuple[str, str] | None:
+    """The prefill attention this run also times, for what the engine's choice buys: (backend, results key). SDPA
+    where "auto" takes a kernel; the extension's kernel where "auto" takes SDPA on AMX; None otherwise (a float32
+    prefill, or a CPU with neither)."""
+    if path in ("bf16_prefill_kernel", "bf16_prefill_f32_kernel"):
+        return "torch", "sdpa"
+    if path == "sdpa_amx":
+        return "cpp", "kernel"
+    return None
 
 
 def cpu_name() -> str:
@@ -194,7 +208,9 @@ def speed_case(name: str, path: Path, n: int, args, rates) -> dict:
     engine_kw = dict(block_size=16, num_blocks=(n + 6 * extra) // 16 + 96, chunk_size=512, progress=False,
                      kv_dtype=torch.bfloat16, summaries=("kmin", "kmax"), repr_keys=0)            # what minmax reads
     eng = sk.Engine(model, **engine_kw)
-    sdpa = sk.Engine(model, **engine_kw, prefill_backend="torch") if args.prefill != "float32" and bf16_kernel() else None
+    attn = prefill_path(model, eng)
+    other = other_prefill(attn)
+    alt = sk.Engine(model, **engine_kw, prefill_backend=other[0]) if other else None
     router = sk.Router("minmax", token_budget=BUDGET)
     case = {"model": name, "length": n, "activations": args.activations, "lm_head_s": lm_head_times(model, args),
             "llamacpp_settings": {c: p.settings() for c, p in peers.items()}}
@@ -222,7 +238,7 @@ def speed_case(name: str, path: Path, n: int, args, rates) -> dict:
     # 2. prefill, interleaved rounds
     pre = {f"llamacpp_{c}": [] for c in peers}
     pre.update({"sparsekv": [], **({"sparsekv_f32": []} if args.prefill != "float32" else {}),
-                **({"sparsekv_sdpa": []} if sdpa else {})})
+                **({f"sparsekv_{other[1]}": []} if alt else {})})
     for r in range(args.repeats):
         for c, p in peers.items():
             p.reset()
@@ -233,15 +249,15 @@ def speed_case(name: str, path: Path, n: int, args, rates) -> dict:
             pre["sparsekv_f32"].append(timed(lambda: eng.prefill(s, ids)))
             eng.finish(s)
             quant.set_prefill(model, args.prefill)
-        if sdpa is not None:                 # ... and what the prefill attention kernel buys: the same with SDPA
-            s = sdpa.new_sequence()
-            pre["sparsekv_sdpa"].append(timed(lambda: sdpa.prefill(s, ids)))
-            sdpa.finish(s)
+        if alt is not None:                  # ... and what its prefill attention buys: the same with the other one
+            s = alt.new_sequence()
+            pre[f"sparsekv_{other[1]}"].append(timed(lambda: alt.prefill(s, ids)))
+            alt.finish(s)
         seq = eng.new_sequence()
         pre["sparsekv"].append(timed(lambda: eng.prefill(seq, ids)))
         if r < args.repeats - 1:
             eng.finish(seq)                  # the last round's sequence is the one decode continues
-    sdpa = None                              # its pool and model views go before decode
+    alt = None                               # its pool and model views go before decode
     first = {c: int(np.argmax(p.last_logits())) for c, p in peers.items()}
     first_ours = int(eng.last_logits(seq).argmax())
     case["same_first_token"] = all(t == first_ours for c, t in first.items() if CONFIGS[c].exact)
@@ -312,8 +328,10 @@ def speed_case(name: str, path: Path, n: int, args, rates) -> dict:
                 prefill_vs_llamacpp=ratios["prefill_vs_llamacpp"].median)
     if "sparsekv_f32" in S["prefill"]:
         case["sparsekv_prefill_f32_s"] = S["prefill"]["sparsekv_f32"].median
-    if "sparsekv_sdpa" in S["prefill"]:
-        case["sparsekv_prefill_sdpa_s"] = S["prefill"]["sparsekv_sdpa"].median
+    case["prefill_attention"] = attn
+    for key in ("sdpa", "kernel"):
+        if f"sparsekv_{key}" in S["prefill"]:
+            case[f"sparsekv_prefill_{key}_s"] = S["prefill"][f"sparsekv_{key}"].median
     del peers
     return case
 
@@ -670,7 +688,7 @@ def main(argv=None) -> int:
            "tokens) per engine before the prefill rounds; one untimed decode round", "interval": repeats.INTERVAL,
            "noise_margin": repeats.NOISE_MARGIN, "quality_tokens": args.quality_tokens,
            "budget_tokens": BUDGET, "activations": args.activations, "prefill": args.prefill,
-           "prefill_attention": "kernel" if args.prefill == "bfloat16" and bf16_kernel() else "sdpa", "cases": cases,
+           "prefill_attention": cases[0]["prefill_attention"] if cases else "?", "cases": cases,
            "agreement": agree, "overhead": prof}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

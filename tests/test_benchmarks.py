@@ -75,6 +75,13 @@ def test_the_llama_cpp_benchmark_runs_on_a_short_prompt(tmp_path):
     assert case["sparsekv_weight_bytes"] < case["llamacpp_weight_bytes"] * 1.5        # the file's codes, not float32
     assert d["files"]["smollm2"]["sha256"] and d["run_kind"] == "test"
     assert out.with_suffix(".png").stat().st_size > 0
+    # the prefill attention the engine took, and the other one timed beside it where there is one
+    from benchmarks import report
+    assert case["prefill_attention"] in ("sdpa_amx", "bf16_prefill_kernel", "bf16_prefill_f32_kernel", "sdpa")
+    other = bench_vs_llamacpp.other_prefill(case["prefill_attention"])
+    if other is not None:
+        assert case[f"sparsekv_prefill_{other[1]}_s"] > 0
+        assert "| smollm2 | 300 |" in report.vs_llamacpp_table(out).split("What the")[1]
 
 
 def test_the_prefill_benchmark_runs_as_an_avx2_machine_and_says_which(tmp_path):
@@ -94,3 +101,18 @@ def test_the_prefill_benchmark_runs_as_an_avx2_machine_and_says_which(tmp_path):
     (case,) = d["cases"]
     assert case["f32_kernel_bfloat16_max_diff_vs_sdpa_f32"] < 1e-4 and case["f32_kernel_float32_max_diff_vs_sdpa_f32"] < 1e-4
     assert case["f32_kernel_vs_sdpa_bfloat16"] > 0 and case["sdpa_float32_gflops"] > 0
+    # as an AVX2 machine: oneDNN is capped below AMX, so "auto" takes the float32 kernel, and the table says so
+    assert d["amx_bf16"] is False and case["auto"] == "bf16_prefill_f32_kernel"
+    from benchmarks import report
+    table = report.prefill_table(out)
+    assert "bf16_prefill_f32_kernel |" in table and "alt (extension -march x86-64-v3" in table
+
+
+def test_the_llama_cpp_benchmark_times_the_prefill_attention_the_engine_did_not_take():
+    """What the engine's prefill attention buys is measured against the other one: SDPA where "auto" takes a kernel,
+    the kernel where it takes SDPA on AMX, nothing for a float32 prefill."""
+    from benchmarks.bench_vs_llamacpp import other_prefill
+    assert other_prefill("bf16_prefill_kernel") == ("torch", "sdpa")
+    assert other_prefill("bf16_prefill_f32_kernel") == ("torch", "sdpa")
+    assert other_prefill("sdpa_amx") == ("cpp", "kernel")
+    assert other_prefill("sdpa") is None

@@ -122,9 +122,34 @@ def prefill_attention(q: torch.Tensor, store, seq: Sequence, layer: int,
 
     A sliding-window layer (`store.view(seq, layer).window` w > 0: a hybrid model's) reads only the keys its
     queries can see, [N - T - w + 1, N), and masks each query's to 0 <= i - j < w: O(T * (T + w)) per chunk.
+
+    "auto" on the CPU: a bfloat16 chunk takes SDPA where oneDNN runs AMX tiles (`_amx_sdpa`), else the extension's
+    prefill kernel for this CPU (`_bf16_prefill_kernel`), else SDPA; `auto_prefill_path` names the choice.
     """
     v = store.view(seq, layer)
+    if backend == "auto" and _amx_sdpa(q, v.store):
+        backend = "torch"
     return _implementation("prefill", backend, q, v.store)(q, v.store, v.seq, v.layer, fresh, v.window)
+
+
+def _amx_sdpa(q: torch.Tensor, store) -> bool:
+    """Whether "auto" sends this chunk to SDPA ahead of the extension's kernels: a bfloat16 chunk on a CPU whose oneDNN
+    runs AMX tiles (`core.cpu_paths.amx_bf16`), where SDPA's flash attention beat both of the extension's kernels on
+    every case measured (benchmarks/results/prefill_native_xeon.json). An explicit backend="cpp" still takes the kernel."""
+    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and not store.quantized and cpu_paths.amx_bf16()
+
+
+def auto_prefill_path(q: torch.Tensor, store) -> str:
+    """What backend "auto" runs for a prefill chunk like `q` over `store` on this CPU (a name for results):
+    "sdpa_amx" (SDPA on AMX tiles), "bf16_prefill_kernel" or "bf16_prefill_f32_kernel" (the extension's), or
+    "sdpa"."""
+    if _amx_sdpa(q, store):
+        return "sdpa_amx"
+    if resolve("auto", q) == "cpp":
+        kernel = _bf16_prefill_kernel(q, store)
+        if kernel is not None:
+            return kernel[0]
+    return "sdpa"
 
 
 def _prefill_kv(q, store, seq, layer, fresh, start: int = 0, dtype: torch.dtype | None = None):

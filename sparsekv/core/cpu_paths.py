@@ -19,8 +19,12 @@ each held to that rule its own way:
 """
 from __future__ import annotations
 
+import functools
+import os
+
 GATED = {
-    "bf16_prefill_kernel": "kernels/cpu/prefill_attn.cpp, built only for AVX512-BF16 (SDPA elsewhere)",
+    "bf16_prefill_kernel": "kernels/cpu/prefill_attn.cpp, built only for AVX512-BF16 (SDPA elsewhere, and where "
+                           "oneDNN has AMX: `amx_bf16`)",
     # its bits are the same on every CPU, but a bf16 chunk takes it only where the kernel above is missing
     "bf16_prefill_f32_kernel": "kernels/cpu/prefill_attn_f32.cpp over a bfloat16 chunk, where AVX2 + FMA (or "
                                "AVX-512) is and AVX512-BF16 is not",
@@ -45,3 +49,39 @@ def taken() -> list[str]:
 def reset() -> None:
     """Forget what was taken (tests)."""
     _taken.clear()
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo's first `flags` line; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return set()
+    return set(line.split(":", 1)[-1].split()) if line else set()
+
+
+# oneDNN's names for its ISA levels that include AMX (ONEDNN_MAX_CPU_ISA caps oneDNN at a level; unset, ALL and
+# DEFAULT leave it free to use everything the CPU has)
+_AMX_ISAS = ("ALL", "DEFAULT", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16",
+             "AVX10_2_512_AMX_2")
+
+
+@functools.lru_cache(maxsize=None)
+def amx_bf16() -> bool:
+    """Whether this process's oneDNN may run bfloat16 products on AMX tiles: the CPU has AMX-BF16 (/proc/cpuinfo's
+    `amx_bf16`), the kernel granted this process the tile state (torch's `_is_amx_tile_supported`), and neither
+    ONEDNN_MAX_CPU_ISA nor DNNL_MAX_CPU_ISA caps oneDNN below AMX (`suite.cpuconfig`'s "alt" caps it at AVX2).
+
+    Where it holds, SDPA's bfloat16 flash attention runs its products through oneDNN's AMX microkernels, faster than
+    both of the extension's prefill kernels on every case measured (benchmarks/results/prefill_native_xeon.json), so a
+    bfloat16 prefill chunk takes SDPA (`attention.decode.prefill_attention`, backend "auto"). Read once per
+    process: oneDNN reads its cap once too."""
+    if "amx_bf16" not in cpu_flags():
+        return False
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").strip().upper()
+    if cap not in _AMX_ISAS:
+        return False
+    import torch
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False

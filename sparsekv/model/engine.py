@@ -115,8 +115,9 @@ class EngineConfig:
                                                #   it applies (`model.fused`: gguf weights, a plain store); False:
                                                #   always the general path (the per-layer reference)
     prefill_backend: str = "auto"              # a prefill chunk's attention (`attention.decode.prefill_attention`):
-                                               #   "auto" takes the bf16 prefill kernel where it applies (gguf
-                                               #   weights' bfloat16 prefill, AVX512-BF16), "torch" always SDPA
+                                               #   "auto": a bf16 chunk (gguf weights' bfloat16 prefill) takes
+                                               #   SDPA where oneDNN has AMX tiles, else the extension's kernel
+                                               #   for this CPU; "cpp" always the kernel, "torch" always SDPA
 
     def __post_init__(self):
         if not isinstance(self.store, StoreConfig):

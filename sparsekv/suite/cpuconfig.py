@@ -36,7 +36,8 @@ def _cpuinfo(field: str) -> str | None:
 
 def cpu_flags() -> set[str]:
     """This CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
-    return set((_cpuinfo("flags") or "").split())
+    from ..core.cpu_paths import cpu_flags as flags
+    return flags()
 
 
 def cpu_model() -> str:
