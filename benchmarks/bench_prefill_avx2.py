@@ -145,7 +145,8 @@ def measure(args) -> dict:
             "shared_machine": "yes: other developers' jobs share its 2 cores; medians, ratios from one run",
             "torch": torch.__version__, "aten_capability": torch.backends.cpu.get_cpu_capability(),
             "extension_arch": cpu_decode.arch(), "f32_prefill_vectorized": cpu_decode.f32_prefill_vectorized(),
-            "bf16_prefill_kernel": bf16_kernel, "amx_bf16": cpu_paths.amx_bf16(), "threads": torch.get_num_threads(), "repeats": args.repeats,
+            "bf16_prefill_kernel": bf16_kernel, "amx_bf16": cpu_paths.amx_bf16(), "threads": torch.get_num_threads(),
+            "repeats": args.repeats,
             "warmup": 1, "chunk": CHUNK, "cases": cases}
 
 

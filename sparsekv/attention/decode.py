@@ -135,7 +135,8 @@ def prefill_attention(q: torch.Tensor, store, seq: Sequence, layer: int,
 def _amx_sdpa(q: torch.Tensor, store) -> bool:
     """Whether "auto" sends this chunk to SDPA ahead of the extension's kernels: a bfloat16 chunk on a CPU whose oneDNN
     runs AMX tiles (`core.cpu_paths.amx_bf16`), where SDPA's flash attention beat both of the extension's kernels on
-    every case measured (benchmarks/results/prefill_native_xeon.json). An explicit backend="cpp" still takes the kernel."""
+    every case measured (benchmarks/results/prefill_native_xeon.json). An explicit backend="cpp" still takes the
+    kernel."""
     return q.dtype == torch.bfloat16 and q.device.type == "cpu" and not store.quantized and cpu_paths.amx_bf16()
 
 
