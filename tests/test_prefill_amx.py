@@ -71,31 +71,31 @@ def test_auto_sends_a_bf16_chunk_to_sdpa_where_amx_is(amx, monkeypatch):
     assert decode.auto_prefill_path(q, store) == "sdpa_amx"
 
 
-def test_an_explicit_cpp_backend_still_takes_the_kernel(amx, monkeypatch):
-    """backend="cpp" is obeyed on an AMX CPU: the kernel this CPU has runs (patched to a marker here)."""
+def _kernel_runs(monkeypatch, path: str, **kw) -> list:
+    """A bf16 chunk through prefill_attention(**kw) with the extension's kernel for this CPU patched to a marker
+    named `path`; returns its calls (skipped where the extension is not built: "cpp" is then unavailable)."""
     if not cpu_decode.available():
-        pytest.skip("the extension is not built here: backend 'cpp' is unavailable")
+        pytest.skip("the extension is not built here")
     store, seq, *_ = _store(1, 64, 40, seed=2)
     q = torch.randn(8, 2, 64).bfloat16()
     called = []
     monkeypatch.setattr(decode, "_bf16_prefill_kernel",
-                        lambda q, s: ("bf16_prefill_kernel", lambda *a: called.append(1) or torch.zeros(q.shape)))
-    decode.prefill_attention(q, store, seq, 0, backend="cpp")
-    assert called == [1] and cpu_paths.taken() == ["bf16_prefill_kernel"]
+                        lambda q, s: (path, lambda *a: called.append(1) or torch.zeros(q.shape)))
+    decode.prefill_attention(q, store, seq, 0, **kw)
+    assert decode.auto_prefill_path(q, store) == ("sdpa_amx" if cpu_paths.amx_bf16() else path)
+    return called
+
+
+def test_an_explicit_cpp_backend_still_takes_the_kernel(amx, monkeypatch):
+    """backend="cpp" is obeyed on an AMX CPU: the kernel this CPU has runs."""
+    assert _kernel_runs(monkeypatch, "bf16_prefill_kernel", backend="cpp") == [1]
+    assert cpu_paths.taken() == ["bf16_prefill_kernel"]
 
 
 def test_without_amx_auto_keeps_the_extension_kernel(no_amx, monkeypatch):
-    """Where amx_bf16() is False, "auto" takes the kernel this CPU has, as before (patched to a marker)."""
-    if not cpu_decode.available():
-        pytest.skip("the extension is not built here: auto resolves to torch")
-    store, seq, *_ = _store(1, 64, 40, seed=3)
-    q = torch.randn(8, 2, 64).bfloat16()
-    called = []
-    monkeypatch.setattr(decode, "_bf16_prefill_kernel",
-                        lambda q, s: ("bf16_prefill_f32_kernel", lambda *a: called.append(1) or torch.zeros(q.shape)))
-    decode.prefill_attention(q, store, seq, 0)
-    assert called == [1] and cpu_paths.taken() == ["bf16_prefill_f32_kernel"]
-    assert decode.auto_prefill_path(q, store) == "bf16_prefill_f32_kernel"
+    """Where amx_bf16() is False, "auto" takes the kernel this CPU has, as before."""
+    assert _kernel_runs(monkeypatch, "bf16_prefill_f32_kernel") == [1]
+    assert cpu_paths.taken() == ["bf16_prefill_f32_kernel"]
 
 
 def test_float32_and_int8_chunks_are_untouched_by_amx(amx):
