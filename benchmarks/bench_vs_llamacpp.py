@@ -92,11 +92,8 @@ AGREE_MODES = [("gguf", "gguf", "float32", {"fused_decode": False}, "float32"),
 def native_bf16() -> bool:
     """Whether this CPU has bfloat16 dot products (AVX512_BF16 or AMX-BF16, as /proc/cpuinfo's flags name them),
     where torch's bfloat16 matmuls run several times float32's rate; elsewhere they are emulated and slower."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return False
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+    from sparsekv.core.cpu_paths import cpu_flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def prefill_path(model, engine) -> str:
