@@ -243,6 +243,19 @@ def request_peak_mib(c: dict, system: str) -> float:
     return (peak - base) / 2**20
 
 
+def _speed_finding(cases: list[dict]) -> str:
+    """The title's finding: each speed-up's full range over the lengths measured, as sparsekv's speed over
+    transformers' (above 1x, sparsekv is faster)."""
+    parts = []
+    for key, what in (("prefill_speedup", "prefill"), ("decode_speedup", "dense decode")):
+        xs = [c[key] for c in cases if key in c]
+        if xs:
+            lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
+            span = f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+            parts.append(f"{what} at {span} transformers' speed")
+    return "; ".join(parts) if parts else "transformers did not run"
+
+
 def plot(cases: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -255,13 +268,21 @@ def plot(cases: list[dict], path: Path) -> None:
     for s in SYSTEMS:
         ok = [c for c in cases if c.get(f"{s}_ttft_s")]
         xs = [c["length"] for c in ok]
-        ax[0].plot(xs, [c[f"{s}_ttft_s"] for c in ok], "o-", color=colors[s], label=s)
-        ax[1].plot(xs, [1e3 * c[f"{s}_tpot_s"] for c in ok], "o-", color=colors[s], label=s)
+        for a, k, scale in ((ax[0], "ttft", 1.0), (ax[1], "tpot", 1e3)):
+            ys = [scale * c[f"{s}_{k}_s"] for c in ok]
+            spread = [c.get(f"{s}_{k}") for c in ok]        # runs with repeats: the min-max of the timed rounds
+            if all(spread) and ok:
+                err = [[y - scale * sp["lo"] for y, sp in zip(ys, spread)],
+                       [scale * sp["hi"] - y for y, sp in zip(ys, spread)]]
+                a.errorbar(xs, ys, yerr=err, fmt="o", color=colors[s], capsize=3,
+                           label=f"{s} (median, min-max of {spread[0]['n']} repeats)")
+            else:
+                a.plot(xs, ys, "o", color=colors[s], label=f"{s} (one run)")
         peak = [request_peak_mib(c, s) for c in ok]
         bad = sum(p != p for p in peak)
-        ax[2].plot(xs, peak, "o-", color=colors[s], label=f"{s}: peak RSS over the loaded model"
+        ax[2].plot(xs, peak, "o", color=colors[s], label=f"{s}: peak RSS over the loaded model"
                    + (f"\n({bad} of {len(ok)} invalid: peak < base + K/V held; not drawn)" if bad else ""))
-        ax[2].plot(xs, [c[f"{s}_kv_held"] / 2**20 for c in ok], "s--", color=colors[s], label=f"{s}: K/V held")
+        ax[2].plot(xs, [c[f"{s}_kv_held"] / 2**20 for c in ok], "s", mfc="none", color=colors[s], label=f"{s}: K/V held")
     ax[0].plot(lengths, [c["prefill_floor_s"] for c in cases], "k:", label="floor (FLOPs / matmul rate)")
     ax[1].plot(lengths, [1e3 * c["decode_floor_s"] for c in cases], "k:", label="floor (bytes / bandwidth)")
     for a, (title, ylab) in zip(ax, (("TTFT (prefill)", "seconds"), ("TPOT (dense decode)", "ms per token"),
@@ -269,9 +290,8 @@ def plot(cases: list[dict], path: Path) -> None:
         a.set(xscale="log", xlabel="prompt tokens", ylabel=ylab, title=title)
         viz.log_ticks(a, "x", lengths)
         viz.legend_below(a, ncol=1)
-    speed = cases[-1].get("prefill_speedup")
-    fig.suptitle("Gemma 3 270M on this CPU: sparsekv against transformers, same token ids"
-                 + (f" (prefill {speed:.1f}x at {lengths[-1]:,} tokens)" if speed else ""))
+    fig.suptitle("Gemma 3 270M on this CPU, sparsekv against transformers on the same token ids: "
+                 + _speed_finding(cases))
     viz.save(fig, path, dpi=120)
     plt.close(fig)
 

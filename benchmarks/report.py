@@ -121,6 +121,15 @@ def _rss(r: dict) -> str:
         f"{r['sparsekv_peak_rss'] / 2**30:.2f} GiB / did not run"
 
 
+def _matmul_rates(d: dict) -> str:
+    """The matmul rate a prefill floor divides by: both measured rates where the run kept them (float32 and
+    bfloat16; the floor takes the faster, which is bfloat16 wherever AMX or AVX512-BF16 runs it), else the one."""
+    if "f32_matmul_flops" in d and "bf16_matmul_flops" in d:
+        return (f"matmul rates (float32 {d['f32_matmul_flops'] / 1e9:.0f}, bfloat16 {d['bf16_matmul_flops'] / 1e9:.0f} "
+                "GFLOP/s; the floor takes the faster, though both systems here compute in float32)")
+    return f"matmul rate ({d['matmul_flops'] / 1e9:.0f} GFLOP/s)"
+
+
 def gemma_speed_table(path: Path = RESULTS / "gemma_speed.json") -> str:
     d = json.loads(path.read_text())
     lines = [f"Gemma 3 270M against transformers {d.get('transformers', '')} on the same weights (float32) and the same "
@@ -128,7 +137,7 @@ def gemma_speed_table(path: Path = RESULTS / "gemma_speed.json") -> str:
              f"`python -m benchmarks.bench_gemma_speed`). TTFT is the prefill; TPOT the median of "
              f"{d['steps']} dense greedy steps; memory the process's peak RSS and the K/V held at the end (sparsekv's includes "
              f"its routing summaries). Floors from "
-             f"this run's measured matmul rate ({d['matmul_flops'] / 1e9:.0f} GFLOP/s) and read bandwidth "
+             f"this run's measured {_matmul_rates(d)} and read bandwidth "
              f"({d['read_bandwidth_Bps'] / 1e9:.1f} GB/s): FLOPs for prefill, the float32 weights plus the K/V a step "
              "reads for decode:", "",
              "| tokens | TTFT sparsekv | TTFT transformers | prefill speed-up | prefill floor | TPOT sparsekv | "
@@ -142,7 +151,9 @@ def gemma_speed_table(path: Path = RESULTS / "gemma_speed.json") -> str:
                     f"{st.get('chunk', '?')} tokens into its DynamicCache (sliding layers keep their window), decode "
                     "variants " + ", ".join(f"`{k}` ({v['cache']}{', torch.compile' if v['torch_compile'] else ''})"
                                              for k, v in st.get("decode_variants", {}).items())
-                    + f"; the fastest (`{st.get('decode_compared', '?')}`) is compared. A speed-up's verdict is "
+                    + "; the fastest at each length is compared (" + ", ".join(
+                        f"{r['length']:,}: `{r['transformers_settings'].get('decode_compared', '?')}`"
+                        for r in d["cases"] if "transformers_settings" in r) + "). A speed-up's verdict is "
                     f"sparsekv's: 'faster' or 'slower' only past a {d['noise_margin']:.0%} margin at its interval's "
                     "nearer end, else 'tie':")
     for r in d["cases"]:

@@ -183,3 +183,38 @@ def test_decode_rounds_discard_warm_up_until_a_compiled_step_settles(monkeypatch
     assert r.tokens == list(range(16))   # 8 rounds of 2 steps, warm-up included
     plain = g._rounds(lambda t: t, 0, steps=2, rounds=3)
     assert plain.warmup_rounds == 1 and len(plain.tpot) == 3
+
+
+def test_the_gemma_speed_table_renders_intervals_verdicts_settings_and_both_matmul_rates(tmp_path):
+    """A run with repeats: each time its median [min-max], each speed-up with sparsekv's verdict, transformers'
+    settings, and the floor's matmul rates named by dtype (the faster, bfloat16 on AMX, is the floor although both
+    systems compute in float32)."""
+    import json
+
+    from benchmarks import report
+    sp = lambda m: {"median": m, "lo": 0.9 * m, "hi": 1.1 * m, "n": 3, "coverage": 0.75}
+    case = {"length": 8192, "prefill_floor_s": 2.0, "decode_floor_s": 0.04, "same_tokens": True,
+            "sparsekv_ttft_s": 10.0, "sparsekv_ttft": sp(10.0), "sparsekv_tpot_s": 0.1, "sparsekv_tpot": sp(0.1),
+            "transformers_ttft_s": 20.0, "transformers_ttft": sp(20.0), "transformers_tpot_s": 0.1,
+            "transformers_tpot": sp(0.1), "sparsekv_kv_held": 2**26, "transformers_kv_held": 2**25,
+            "sparsekv_peak_rss": 2**31, "transformers_peak_rss": 2**31, "sparsekv_base_rss": 2**30,
+            "transformers_base_rss": 2**30, "prefill_speedup": 2.0,
+            "prefill_speedup_interval": {**sp(2.0), "verdict": "faster"}, "decode_speedup": 1.0,
+            "decode_speedup_interval": {**sp(1.0), "verdict": "tie"},
+            "transformers_settings": {"attn_implementation": "sdpa", "chunk": 512, "decode_compared": "static",
+                                      "decode_variants": {"static": {"cache": "StaticCache", "torch_compile": False}}}}
+    d = {"schema": 2, "run_kind": "full run", "date": "2026-12-06", "transformers": "5.2", "threads": 2, "steps": 16,
+         "repeats": 3, "interval": repeats.INTERVAL, "noise_margin": 0.05, "rss": "request peak", "read_bandwidth_Bps": 2e10,
+         "f32_matmul_flops": 4e11, "bf16_matmul_flops": 2.5e12, "matmul_flops": 2.5e12, "cases": [case]}
+    path = tmp_path / "gemma_speed.json"
+    path.write_text(json.dumps(d))
+    text = report.gemma_speed_table(path)
+    assert "float32 400, bfloat16 2500 GFLOP/s; the floor takes the faster" in text
+    assert "attention `sdpa`" in text and "`static` (StaticCache)" in text
+    assert "the fastest at each length is compared (8,192: `static`)" in text
+    row = [line for line in text.splitlines() if line.startswith("| 8,192")][0]
+    assert "| 10.0 s [9.0-11.0 s] | 20.0 s [18.0-22.0 s] | 2.00x [1.80-2.20x] faster |" in row
+    assert "| 100 ms [90-110 ms] | 100 ms [90-110 ms] | 1.00x [0.90-1.10x] tie |" in row
+    del d["f32_matmul_flops"], d["bf16_matmul_flops"]                  # an older run kept only the floor's rate
+    path.write_text(json.dumps(d))
+    assert "matmul rate (2500 GFLOP/s)" in report.gemma_speed_table(path)

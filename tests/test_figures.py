@@ -204,3 +204,37 @@ def test_vs_llamacpp_joins_no_measured_points_with_lines(tmp_path, monkeypatch):
         for line in ax.get_lines():
             assert line.get_marker() in ("None", "none", "") or line.get_linestyle() in ("None", "none"), \
                 line.get_label()
+
+
+def test_gemma_speed_draws_each_repeated_time_with_its_min_max_and_joins_no_points(tmp_path, monkeypatch):
+    """A run with repeats (schema 2) draws each TTFT and TPOT at its median with a bar from the repeats' min to max;
+    measured points stand alone (only the floors, a model, are lines)."""
+    from benchmarks import bench_gemma_speed
+    shown = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: shown.append(fig))
+    cases = []
+    for n, t in ((8192, 20.0), (16384, 50.0)):
+        c = {"length": n, "prefill_floor_s": t / 2, "decode_floor_s": 0.04, "prefill_speedup": 2.0}
+        for s, k in (("sparsekv", 1.0), ("transformers", 2.0)):
+            c.update({f"{s}_ttft_s": k * t, f"{s}_ttft": {"median": k * t, "lo": k * t - 1, "hi": k * t + 3, "n": 3},
+                      f"{s}_tpot_s": k * 0.1, f"{s}_tpot": {"median": k * 0.1, "lo": k * 0.09, "hi": k * 0.12, "n": 3},
+                      f"{s}_kv_held": 2**26, f"{s}_peak_rss": 2**31 + 2**27, f"{s}_base_rss": 2**31})
+        cases.append(c)
+    bench_gemma_speed.plot(cases, tmp_path / "g.png")
+    fig = shown[0]
+    assert canvas.problems(fig) == []
+    _labelled_and_plain(fig)
+    assert fig._suptitle.get_text().endswith("prefill at 2.00x transformers' speed")   # the range, no decode run
+    cases[1]["prefill_speedup"], cases[0]["decode_speedup"], cases[1]["decode_speedup"] = 0.87, 1.31, 1.12
+    assert bench_gemma_speed._speed_finding(cases) == ("prefill at 0.87-2.00x transformers' speed; "
+                                                       "dense decode at 1.12-1.31x transformers' speed")
+    ttft = fig.axes[0]
+    spans = sorted(tuple(sorted(seg[:, 1])) for coll in ttft.collections for seg in coll.get_segments())
+    assert spans == [(19.0, 23.0), (39.0, 43.0), (49.0, 53.0), (99.0, 103.0)]
+    tpot_spans = sorted(tuple(round(v, 6) for v in sorted(seg[:, 1])) for coll in fig.axes[1].collections
+                        for seg in coll.get_segments())
+    assert tpot_spans[0] == (90.0, 120.0)
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            assert line.get_linestyle() in ("None", "none") or line.get_marker() in ("None", "none", ""), \
+                line.get_label()
