@@ -354,9 +354,10 @@ def plot(results, path: Path):
         viz.log_ticks(ax, "x", sorted(set(x))); viz.log_axis_plain(ax, "y")
     viz.legend_outside(axes[0][-1])
 
+    from benchmarks.repeats import span_text
+
     def span(num, den):     # num's time over den's, over every case (never the best one)
-        v = [r[f"{num}_s"] / r[f"{den}_s"] for r in rows]
-        return f"{min(v):.1f}-{max(v):.1f}x"
+        return span_text([r[f"{num}_s"] / r[f"{den}_s"] for r in rows], digits=1)
     sdpa = "sdpa_grouped" if all("sdpa_grouped_s" in r for r in rows) else "sdpa"
     found = [f"sparsekv dense at {span(sdpa, 'dense')} the speed of SDPA"
              + (" in its faster (GQA-free) layout" if sdpa == "sdpa_grouped" else "")]

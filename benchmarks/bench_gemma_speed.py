@@ -246,13 +246,12 @@ def request_peak_mib(c: dict, system: str) -> float:
 def _speed_finding(cases: list[dict]) -> str:
     """The title's finding: each speed-up's full range over the lengths measured, as sparsekv's speed over
     transformers' (above 1x, sparsekv is faster)."""
+    from benchmarks.repeats import span_text
     parts = []
     for key, what in (("prefill_speedup", "prefill"), ("decode_speedup", "dense decode")):
         xs = [c[key] for c in cases if key in c]
         if xs:
-            lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
-            span = f"{lo}x" if lo == hi else f"{lo}-{hi}x"
-            parts.append(f"{what} at {span} transformers' speed")
+            parts.append(f"{what} at {span_text(xs)} transformers' speed")
     return "; ".join(parts) if parts else "transformers did not run"
 
 

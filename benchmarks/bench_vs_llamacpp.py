@@ -532,9 +532,10 @@ def _plot_v2(out: dict, path: Path) -> None:
     viz.log_axis_plain(a, "y")
     a.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)   # below: clear of data
 
+    from benchmarks.repeats import span_text
+
     def span(m, key):   # the range of a ratio's medians over the model's lengths (every length, never the best one)
-        v = [c["ratios"][key]["median"] for c in out["cases"] if c["model"] == m]
-        return f"{min(v):.2f}x" if min(v) == max(v) else f"{min(v):.2f}-{max(v):.2f}x"
+        return span_text([c["ratios"][key]["median"] for c in out["cases"] if c["model"] == m])
     finding = "; ".join(f"{m}: prefill {span(m, 'prefill_vs_llamacpp')}, dense decode {span(m, 'dense_vs_llamacpp')} "
                         f"llama.cpp's fastest exact time" for m in models)
     setting = (f"sparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, {out['threads']} "

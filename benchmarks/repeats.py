@@ -54,6 +54,15 @@ def spread(values: Sequence[float]) -> Spread:
     return Spread(statistics.median(values), min(values), max(values), len(values))
 
 
+def span_text(values: Sequence[float], digits: int = 2) -> str:
+    """The full range of ratios as a title gives it, every value counted (never the best one): "0.87-0.92x", or
+    "0.87x" where both ends print alike."""
+    if not values:
+        raise ValueError("no ratios to give a range of")
+    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+
 def paired_ratio(num: Sequence[float], den: Sequence[float]) -> Spread:
     """num[r] / den[r] for each round r (both measured in round r), summarised: below 1, `num` is faster."""
     if len(num) != len(den):

@@ -218,3 +218,11 @@ def test_the_gemma_speed_table_renders_intervals_verdicts_settings_and_both_matm
     del d["f32_matmul_flops"], d["bf16_matmul_flops"]                  # an older run kept only the floor's rate
     path.write_text(json.dumps(d))
     assert "matmul rate (2500 GFLOP/s)" in report.gemma_speed_table(path)
+
+
+def test_a_span_gives_every_value_its_ends_and_one_value_once():
+    assert repeats.span_text([0.92, 0.87, 0.89]) == "0.87-0.92x"
+    assert repeats.span_text([1.004, 0.996]) == "1.00x"                    # both ends print alike
+    assert repeats.span_text([2.0, 4.44], digits=1) == "2.0-4.4x"
+    with pytest.raises(ValueError, match="no ratios"):
+        repeats.span_text([])

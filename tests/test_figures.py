@@ -91,6 +91,55 @@ def test_a_legend_over_an_axis_label_and_a_tab10_colour_are_refused(tmp_path):
     assert canvas.default_colours(fig) == []
 
 
+def _broken_figures():
+    """Figures that break invariants 1 and 2 (a suptitle and an outside legend past a small canvas; a legend over a
+    falling line), each built afresh."""
+    import numpy as np
+
+    def title_and_legend_past():
+        fig, ax = plt.subplots(1, 2, figsize=(5, 3))
+        for a in ax:
+            a.plot([1, 2, 3], [3, 1, 2], color=viz.COLORS[0], label="a label long enough to leave a 5-inch canvas")
+            a.set(xlabel="x (tokens)", ylabel="y (s)")
+        viz.legend_outside(ax[1])
+        fig.suptitle("a suptitle that states the finding in more words than five inches can hold")
+        return fig
+
+    def legend_over_data():
+        fig, ax = plt.subplots(figsize=(4, 3))
+        x = np.linspace(0, 1, 40)
+        ax.plot(x, 1 - x, color=viz.COLORS[1], label="falls")
+        ax.plot(x, x, color=viz.COLORS[0], label="rises")
+        ax.set(xlabel="x", ylabel="y")
+        ax.legend(loc="upper left")
+        return fig
+
+    return title_and_legend_past, legend_over_data
+
+
+def test_measuring_without_rasterising_finds_and_writes_what_a_full_draw_does(tmp_path, monkeypatch):
+    """`canvas` measures texts after `draw_without_rendering` (a save measures several times). Against the full
+    `canvas.draw()` it replaced, on figures that break invariants 1 and 2: the same problems before the save, the
+    same moves and growth, and the same PNG bytes."""
+    def full_draw(fig):
+        fig.canvas.draw()
+        return fig.canvas.get_renderer()
+
+    for make in _broken_figures():
+        out = []
+        for name, renderer in (("fast", canvas._renderer), ("full", full_draw)):
+            monkeypatch.setattr(canvas, "_renderer", renderer)
+            fig = make()
+            fig.tight_layout()
+            found = sorted((p.kind, p.what) for p in canvas.problems(fig))
+            saved = viz.save(fig, tmp_path / f"{make.__name__}_{name}.png")
+            out.append((found, saved.moved_legends, saved.grown_in, (tmp_path / f"{make.__name__}_{name}.png")
+                        .read_bytes()))
+            plt.close(fig)
+        assert out[0][0], f"{make.__name__}: the figure breaks no invariant, so it tests nothing"
+        assert out[0] == out[1], make.__name__
+
+
 def test_ticks_never_read_in_scientific_notation():
     """`tick_label` wrote 2**20 tokens as "1.04858e+06" (04_bytes_per_token, 11_gpu_scale); bytes read in binary
     units."""

@@ -48,7 +48,10 @@ class Saved(NamedTuple):
 # -- measuring ---------------------------------------------------------------------------------------
 
 def _renderer(fig):
-    fig.canvas.draw()                                   # a full draw: layout engines and wrapping run here
+    """The renderer the texts are measured with, after a draw with rasterising disabled: layout engines, wrapping,
+    tick updates and legend placement run as in a full draw, at a fraction of its cost (a save measures several
+    times; pixels are drawn once, by savefig)."""
+    fig.draw_without_rendering()
     return fig.canvas.get_renderer()
 
 

@@ -135,11 +135,11 @@ def contrast_table(rows, headline, design: dz.Design = dz.Design()) -> clustered
     p = plan(rows, headline, design)
     if p is None:
         return None
+    study = rows[rows["split"] == "study"]
+    by_cell = {cell_name(m, n, t): g for (m, n, t), g in study.groupby(KEYS)}     # each row named once, not per contrast
     pairs = {}
     for c in p.contrasts:
-        cell = c.name.split(":")[0]
-        named = np.array([cell_name(m, n, t) == cell for m, n, t in zip(rows["model"], rows["length"], rows["task"])])
-        g = rows[named & (rows["split"] == "study").to_numpy()]
+        g = by_cell[c.name.split(":")[0]]
         a = g[g["method"] == c.method_a].set_index(["doc", "question"])["correct"]
         b = g[g["method"] == c.method_b].set_index(["doc", "question"])["correct"]
         common = a.index.intersection(b.index).sort_values()
