@@ -44,9 +44,8 @@ def _labelled_and_plain(fig):
 
 # -- the checks fail on broken figures ------------------------------------------------------------
 
-def test_a_title_past_the_canvas_is_found_and_save_grows_the_canvas_to_hold_it(tmp_path):
-    """Invariant 1: a suptitle wider than its figure and a legend placed right of the last axes both leave the
-    canvas after a plain tight_layout (the old `fig.tight_layout(); fig.savefig(...)`); `save` grows the canvas."""
+def _title_past_the_canvas():
+    """Invariant 1 broken: a suptitle and an outside legend wider than a 5-inch canvas, after a plain tight_layout."""
     fig, ax = plt.subplots(1, 2, figsize=(5, 3))
     for a in ax:
         a.plot([1, 2, 3], [3, 1, 2], color=viz.COLORS[0], label="a label long enough to leave a 5-inch canvas")
@@ -54,13 +53,11 @@ def test_a_title_past_the_canvas_is_found_and_save_grows_the_canvas_to_hold_it(t
     viz.legend_outside(ax[1])
     fig.suptitle("a suptitle that states the finding in more words than five inches can hold")
     fig.tight_layout()
-    assert "text outside" in _kinds(fig)                  # what the old save path wrote
-    saved = viz.save(fig, tmp_path / "f.png")
-    assert canvas.problems(fig) == [] and saved.grown_in[0] > 0
+    return fig
 
 
-def test_a_legend_over_data_is_found_and_save_moves_it_beside_its_axes(tmp_path):
-    """Invariant 2: a legend at "upper left" over a falling line covers its first points; `save` moves it below."""
+def _legend_over_data():
+    """Invariant 2 broken: a legend at "upper left" over a falling line's first points."""
     import numpy as np
     fig, ax = plt.subplots(figsize=(4, 3))
     x = np.linspace(0, 1, 40)
@@ -69,6 +66,21 @@ def test_a_legend_over_data_is_found_and_save_moves_it_beside_its_axes(tmp_path)
     ax.set(xlabel="x", ylabel="y")
     ax.legend(loc="upper left")
     fig.tight_layout()
+    return fig
+
+
+def test_a_title_past_the_canvas_is_found_and_save_grows_the_canvas_to_hold_it(tmp_path):
+    """Invariant 1: a suptitle wider than its figure and a legend placed right of the last axes both leave the
+    canvas after a plain tight_layout (the old `fig.tight_layout(); fig.savefig(...)`); `save` grows the canvas."""
+    fig = _title_past_the_canvas()
+    assert "text outside" in _kinds(fig)                  # what the old save path wrote
+    saved = viz.save(fig, tmp_path / "f.png")
+    assert canvas.problems(fig) == [] and saved.grown_in[0] > 0
+
+
+def test_a_legend_over_data_is_found_and_save_moves_it_beside_its_axes(tmp_path):
+    """Invariant 2: a legend at "upper left" over a falling line covers its first points; `save` moves it below."""
+    fig = _legend_over_data()
     assert _kinds(fig) == {"legend over data"}
     saved = viz.save(fig, tmp_path / "f.png")
     assert saved.moved_legends == 1 and canvas.problems(fig) == []
@@ -91,32 +103,6 @@ def test_a_legend_over_an_axis_label_and_a_tab10_colour_are_refused(tmp_path):
     assert canvas.default_colours(fig) == []
 
 
-def _broken_figures():
-    """Figures that break invariants 1 and 2 (a suptitle and an outside legend past a small canvas; a legend over a
-    falling line), each built afresh."""
-    import numpy as np
-
-    def title_and_legend_past():
-        fig, ax = plt.subplots(1, 2, figsize=(5, 3))
-        for a in ax:
-            a.plot([1, 2, 3], [3, 1, 2], color=viz.COLORS[0], label="a label long enough to leave a 5-inch canvas")
-            a.set(xlabel="x (tokens)", ylabel="y (s)")
-        viz.legend_outside(ax[1])
-        fig.suptitle("a suptitle that states the finding in more words than five inches can hold")
-        return fig
-
-    def legend_over_data():
-        fig, ax = plt.subplots(figsize=(4, 3))
-        x = np.linspace(0, 1, 40)
-        ax.plot(x, 1 - x, color=viz.COLORS[1], label="falls")
-        ax.plot(x, x, color=viz.COLORS[0], label="rises")
-        ax.set(xlabel="x", ylabel="y")
-        ax.legend(loc="upper left")
-        return fig
-
-    return title_and_legend_past, legend_over_data
-
-
 def test_measuring_without_rasterising_finds_and_writes_what_a_full_draw_does(tmp_path, monkeypatch):
     """`canvas` measures texts after `draw_without_rendering` (a save measures several times). Against the full
     `canvas.draw()` it replaced, on figures that break invariants 1 and 2: the same problems before the save, the
@@ -125,12 +111,11 @@ def test_measuring_without_rasterising_finds_and_writes_what_a_full_draw_does(tm
         fig.canvas.draw()
         return fig.canvas.get_renderer()
 
-    for make in _broken_figures():
+    for make in (_title_past_the_canvas, _legend_over_data):
         out = []
         for name, renderer in (("fast", canvas._renderer), ("full", full_draw)):
             monkeypatch.setattr(canvas, "_renderer", renderer)
             fig = make()
-            fig.tight_layout()
             found = sorted((p.kind, p.what) for p in canvas.problems(fig))
             saved = viz.save(fig, tmp_path / f"{make.__name__}_{name}.png")
             out.append((found, saved.moved_legends, saved.grown_in, (tmp_path / f"{make.__name__}_{name}.png")
