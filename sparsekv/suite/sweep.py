@@ -449,7 +449,8 @@ def plot(df, metric: str, x: str, by: str | None = None, ax=None):
         ax = plt.subplots(figsize=(6.5, 4))[1]
     groups = [(None, s)] if by is None else list(s.groupby(by, sort=True))
     for k, (label, g) in enumerate(groups):
-        ax.errorbar(list(g[x]), g["mean"], yerr=[(g["mean"] - g["lo"]).clip(lower=0), (g["hi"] - g["mean"]).clip(lower=0)],
+        ax.errorbar(list(g[x]), g["mean"].to_numpy(), yerr=[(g["mean"] - g["lo"]).clip(lower=0).to_numpy(),
+                                                          (g["hi"] - g["mean"]).clip(lower=0).to_numpy()],
                     fmt="o-", capsize=3, color=viz.COLORS[k % len(viz.COLORS)],
                     label=None if by is None else f"{by} = {label}")
     what = "the notebook's interval" if (s["interval"] == "notebook").all() else "min to max over cells"

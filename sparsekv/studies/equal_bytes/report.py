@@ -85,9 +85,10 @@ def curves_figure(curves, model: str, length: int, task: str, path=None, title: 
             ax = axes[r, col]
             for m in _panel_lines(by_name.values(), row):
                 g = c[c["line"] == m.line].sort_values("knob", na_position="first")
-                lo = (g["accuracy"] - g["lo"]).clip(lower=0).fillna(0)
-                hi = (g["hi"] - g["accuracy"]).clip(lower=0).fillna(0)
-                ax.errorbar(g[axis], g["accuracy"], yerr=[lo, hi], capsize=2, label=m.line, **style(m))
+                lo = (g["accuracy"] - g["lo"]).clip(lower=0).fillna(0).to_numpy()
+                hi = (g["hi"] - g["accuracy"]).clip(lower=0).fillna(0).to_numpy()
+                ax.errorbar(g[axis].to_numpy(), g["accuracy"].to_numpy(), yerr=[lo, hi], capsize=2, label=m.line,
+                            **style(m))     # arrays: matplotlib's float() of a one-row Series is deprecated in pandas
             ax.set_xscale("log")
             viz.log_axis_plain(ax, "x")
             ax.set_xlabel(label)
