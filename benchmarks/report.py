@@ -224,7 +224,7 @@ def _vs_v2(d: dict) -> list[str]:
                          for k, v in configs.items())
              + f". sparsekv: `weights=\"gguf\"`, bfloat16 K/V, {d['activations']} activations into its decode matmuls, "
              f"{d['prefill']} prefill ({PREFILL_ATTENTION.get(d['prefill_attention'], d['prefill_attention'])} "
-             "attention); routed is `minmax` at a {d['budget_tokens']}-"
+             f"attention); routed is `minmax` at a {d['budget_tokens']}-"
              f"token budget. Warm-up: {d['warmup']}. Then {d['repeats']} interleaved rounds of every prefill and of "
              f"{d['steps']} decode steps; each number is the median of the rounds with their {d['interval']}. Ratios pair "
              f"round with round; a verdict is 'faster' or 'slower' only when the ratio's whole interval is past 1 by "

@@ -1,5 +1,6 @@
 """The findings page (docs/findings.md) is rendered from the full-run metrics, so it cannot drift from them, and so
 is the benchmarks page (docs/benchmarks.md) from benchmarks/results."""
+import re
 import json
 import shutil
 
@@ -71,6 +72,9 @@ def test_benchmark_page_tables_match_the_committed_results():
     spec.loader.exec_module(report)
     page = report.PAGE.read_text()
     assert report.page_section(page) == report.tables(), "run `python -m benchmarks.report --write`"
+    # a literal missing its f prefix once put "{d['budget_tokens']}" into the page itself
+    unformatted = re.findall(r"\{\w+\[['\"][^]]*\]\}", report.tables())
+    assert not unformatted, f"fields the renderer never filled in: {sorted(set(unformatted))}"
 
 
 def test_a_full_run_hands_both_pages_to_the_runner_and_each_re_renders(tmp_path):
