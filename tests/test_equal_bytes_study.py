@@ -300,6 +300,61 @@ def test_curves_give_document_level_intervals_and_rows_load_once(tmp_path):
     assert (cv.loc["dense", "lo"], cv.loc["dense", "hi"]) == pytest.approx((acc.lo, acc.hi))
 
 
+def _cell(folder, status: str, seconds: float, threads: int, rows=None):
+    import json
+    folder.mkdir(parents=True)
+    (folder / "status.json").write_text(json.dumps({"status": status, "seconds": seconds, "threads": threads,
+                                                    "notebook": "24_equal_bytes.ipynb", "version": "v"}))
+    if rows is not None:
+        rows.to_csv(folder / "24_equal_bytes.rows.csv", index=False)
+
+
+def test_compute_sums_each_finished_cell_once_by_its_rows_keys(tmp_path):
+    """A cell's cost is its wall time x its threads; failed cells and the scratch folders of cells in flight are
+    not counted; nested sweep folders are; the keys come from the rows; the pilot's tasks fold into one row."""
+    import json
+
+    from sparsekv.suite import sweep
+    rows = synthetic_rows(4)
+    _cell(tmp_path / "study" / "cells" / "a", "ok", 600.0, 2, rows[rows["doc"] < 1002])
+    _cell(tmp_path / "study" / "cells" / "b", "error", 900.0, 1, rows)              # ran again: not counted
+    _cell(tmp_path / "study" / "cells" / ".a.k.1.2", "ok", 900.0, 1, rows)          # in flight: not counted
+    _cell(tmp_path / "study" / "sub" / "cells" / "c", "ok", 300.0, 1, rows[rows["doc"] >= 1002])
+    for i, task in enumerate(("passkey", "variable")):
+        _cell(tmp_path / "pilot" / "cells" / f"p{i}", "ok", 60.0, 1,
+              synthetic_rows(2, split="pilot").assign(task=task))
+    fm = tmp_path / "fm"
+    fm.mkdir()
+    (fm / "fast_memory_m.json").write_text(json.dumps({"seconds": 90.0, "machine": {"threads": 2}}))
+    rows[rows["doc"] == 1000][an.KEYS + ["doc"]].to_csv(fm / "fast_memory_m.csv", index=False)
+
+    assert sorted(sweep.compute(tmp_path / "study")["core_seconds"]) == [300.0, 1200.0]
+    got = an.compute(tmp_path / "study", tmp_path / "pilot", fast_memory=fm).set_index("split")
+    assert got.loc["study", "cells"] == 2 and got.loc["study", "docs"] == 4
+    assert got.loc["study", "core_hours"] == pytest.approx(1500 / 3600)
+    assert got.loc["study", "core_min_per_doc"] == pytest.approx(1500 / 60 / 4)
+    assert got.loc["pilot", "task"] == "every pilot task (2)" and got.loc["pilot", "cells"] == 2
+    assert got.loc["fast memory", "core_hours"] == pytest.approx(180 / 3600) and got.loc["fast memory", "docs"] == 1
+    assert got.loc["all", "core_hours"] == pytest.approx((1500 + 120 + 180) / 3600)
+    assert np.isnan(got.loc["all", "core_min_per_doc"])
+    assert an.compute(tmp_path / "none").empty
+
+
+def test_the_committed_compute_covers_every_document_the_rows_hold():
+    """Every document of the committed study rows was run by exactly one finished cell: a cell run twice, or rows
+    without a status, would make the compute table disagree with the rows."""
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    study = repo / "results" / "equal_bytes" / "study"
+    rows = an.load_rows(study)
+    if rows.empty:
+        pytest.skip("no committed results of the equal-bytes study")
+    cost = an.compute(study)
+    cost = cost[cost["split"] == "study"].set_index(an.KEYS)["docs"]
+    docs = rows.groupby(an.KEYS)["doc"].nunique()
+    assert cost.sort_index().to_dict() == docs.sort_index().to_dict()
+
+
 @pytest.mark.notebook
 def test_the_course_run_reads_the_committed_results_without_running_a_cell(tmp_path):
     """`make notebooks` runs notebook 24 at its defaults: no cell is run (run = False), every committed cell is read,

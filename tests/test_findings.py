@@ -1,7 +1,7 @@
 """The findings page (docs/findings.md) is rendered from the full-run metrics, so it cannot drift from them, and so
 is the benchmarks page (docs/benchmarks.md) from benchmarks/results."""
-import re
 import json
+import re
 import shutil
 
 import pytest

@@ -29,6 +29,7 @@ go on; failed cells run again on the next invocation.
 
 `load(DIR)` returns every finished cell's metrics as one tidy pandas DataFrame (one row per cell and metric, the
 cell's parameters as columns); the sweep also writes it to `DIR/results.parquet` (CSV where pyarrow is missing).
+`compute(DIR, ...)` lists what each finished cell cost (wall seconds, threads, core-seconds).
 `plot(df, metric, x, by=None)` draws one metric against one parameter, a line per value of another, with the
 notebook's own interval where it records one (metrics `M.ci_lo`, `M.ci_hi`); `suite.explorers.sweep_explorer(DIR)`
 opens a finished sweep in JupyterLab.
@@ -391,6 +392,26 @@ def load(out: str | Path):
             rows.append({**head, "metric": None, "value": None})
         rows += [{**head, "metric": k, "value": v} for k, v in metrics.items()]
     return pd.DataFrame(rows)
+
+
+def compute(*outs: str | Path):
+    """What the finished cells under the sweep folders cost: one row per ok cell found at any depth
+    (`OUT/**/cells/KEY/status.json`; scratch folders of cells in flight are skipped), with its folder, the
+    notebook, wall seconds, the threads it ran, core-seconds (wall x threads: the cores the sweep reserved for it,
+    an upper bound on what it used) and the package version it ran. Failed cells are left out: they ran again."""
+    import pandas as pd
+    rows = []
+    for out in outs:
+        for path in sorted(Path(out).rglob("cells/*/status.json")) if out and Path(out).is_dir() else []:
+            st = json.loads(path.read_text())
+            if path.parent.name.startswith(".") or st.get("status") != "ok":
+                continue
+            threads = int(st.get("threads") or 1)
+            rows.append({"cell": path.parent.name, "folder": str(path.parent), "notebook": st.get("notebook"),
+                         "seconds": float(st["seconds"]), "threads": threads,
+                         "core_seconds": float(st["seconds"]) * threads, "version": st.get("version")})
+    return pd.DataFrame(rows, columns=["cell", "folder", "notebook", "seconds", "threads", "core_seconds",
+                                       "version"])
 
 
 def write_table(out: str | Path) -> Path:

@@ -7,6 +7,8 @@
                                bootstrap interval over documents, bytes read and held, mean answer KL
     contrast_table(rows, ...)  the pre-listed contrasts of every headline cell with enough documents, one Holm family
     coverage(rows)             documents finished per (model, length, task) and method: what the grid still owes
+    compute(*folders, ...)     what the finished cells cost per (model, length, task, split): cells, documents,
+                               core-hours, core-minutes per document; the fast-memory runs beside them
 
 A headline cell needs MIN_DOCS documents (the unit of replication) in every method it compares; below that its
 contrasts are listed as owed, never tested.
@@ -92,6 +94,49 @@ def coverage(rows) -> "pd.DataFrame":
         columns={"min": "docs (fewest method)", "max": "docs (most)"}).reset_index()
 
 
+def compute(*folders, fast_memory=None) -> "pd.DataFrame":
+    """The compute the study's finished cells took, per (model, length, task, split): cells, documents (those in
+    the cells' rows), core-hours (each cell's wall time x the threads its sweep gave it, `suite.sweep.compute`) and
+    core-minutes per document. Fast-memory runs (`fast_memory_*.json` under `fast_memory`: wall time x threads)
+    are rows of split "fast memory"; the pilot's cells are one row per (model, length). A last row, "all", sums
+    every row (documents counted once per split they ran in). Keys come from the rows, so the names match
+    `curves` and `coverage`."""
+    import json
+
+    import pandas as pd
+
+    from ...suite import sweep
+    out = []
+    for _, c in sweep.compute(*folders).iterrows():
+        files = sorted(Path(c["folder"]).glob("*.rows.csv"))
+        if not files:
+            continue
+        r = pd.read_csv(files[0], usecols=KEYS + ["split", "doc"])
+        out.append({**{k: r[k].iloc[0] for k in KEYS + ["split"]}, "docs": r["doc"].nunique(),
+                    "core_seconds": c["core_seconds"]})
+    for f in sorted(Path(fast_memory).rglob("fast_memory_*.json")) if fast_memory and Path(fast_memory).is_dir() \
+            else []:
+        run = json.loads(f.read_text())
+        r = pd.read_csv(f.with_suffix(".csv"), usecols=KEYS + ["doc"])
+        out.append({**{k: r[k].iloc[0] for k in KEYS}, "split": "fast memory", "docs": r["doc"].nunique(),
+                    "core_seconds": float(run["seconds"]) * int(run["machine"]["threads"])})
+    cols = KEYS + ["split", "cells", "docs", "core_hours", "core_min_per_doc"]
+    if not out:
+        return pd.DataFrame(columns=cols)
+    df = pd.DataFrame(out)
+    pilot = df["split"] == "pilot"                 # one row per (model, length): the pilot's cells are small
+    df.loc[pilot, "task"] = df[pilot].groupby(["model", "length"])["task"].transform(
+        lambda t: f"every pilot task ({t.nunique()})")
+    g = df.groupby(KEYS + ["split"], sort=False).agg(cells=("docs", "size"), docs=("docs", "sum"),
+                                                     core_seconds=("core_seconds", "sum")).reset_index()
+    total = {**{k: "all" for k in KEYS + ["split"]}, "cells": int(g["cells"].sum()), "docs": int(g["docs"].sum()),
+             "core_seconds": float(g["core_seconds"].sum())}
+    g = pd.concat([g, pd.DataFrame([total])], ignore_index=True)
+    g["core_hours"] = g["core_seconds"] / 3600
+    g["core_min_per_doc"] = (g["core_seconds"] / 60 / g["docs"]).where(g["split"] != "all")
+    return g[cols]
+
+
 def cell_name(model: str, length: int, task: str) -> str:
     return f"{model} {length // 1024}k {task}" if length % 1024 == 0 else f"{model} {length} {task}"
 
@@ -148,5 +193,5 @@ def contrast_table(rows, headline, design: dz.Design = dz.Design()) -> clustered
     return p.evaluate_pairs(pairs)
 
 
-__all__ = ["MIN_DOCS", "load_rows", "dense_cells", "curves", "coverage", "cell_name", "plan", "owed",
+__all__ = ["MIN_DOCS", "load_rows", "dense_cells", "curves", "coverage", "compute", "cell_name", "plan", "owed",
            "contrast_table"]
