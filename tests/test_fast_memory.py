@@ -41,6 +41,22 @@ def test_a_cold_tier_changes_no_answer_and_counts_its_reads(net):
         assert r["fast_held"] < r["held"] or r["hot_share"] == 1.0
 
 
+def test_a_hybrid_model_keeps_its_sliding_layers_and_summaries_in_fast_memory():
+    """Gemma's layout in small: the cold tier holds the global layer's tiles only. Answers stay bit for bit, and the
+    fast bytes are what the model holds less the global tiles that are not hot, counted here by hand: per kv head and
+    layer, dense holds 216 tokens in the global layer and 32 in each of the 2 sliding ones (280 in all), so the global
+    layer is 216/280 of the reference."""
+    torch.manual_seed(0)
+    net = sk.Model(sk.ModelConfig.from_name("tiny", n_layers=3, windows=(32, 0, 32)))
+    rows = fm.run_document(net, _doc(), mt.routers(["halves"], [0.25]), [0.1, 1.0], prefetch=1)
+    assert len(rows) == 2 * 2 and all(r["exact"] for r in rows)
+    assert sum(r["misses"] + r["late_prefetches"] + r["prefetch_hits"] + r["staged"] for r in rows) > 0
+    for r in rows:
+        assert r["fast_held"] == pytest.approx(r["held"] - 216 / 280 * (1 - r["hot_blocks"] / 14))
+    small = next(r for r in rows if r["hot_share"] == 0.1)
+    assert small["fast_held"] > (32 + 32) / 280                 # the sliding layers alone stay above this
+
+
 def test_bad_settings_are_refused_before_any_work(net):
     doc = _doc()
     with pytest.raises(ValueError, match="hot share must be in"):
@@ -63,9 +79,20 @@ def test_the_table_and_figure_read_the_rows(net, tmp_path):
     for d in range(2):
         meta = {"model": "tiny", "length": 200, "task": "toy", "doc": d}
         rows += fm.run_document(net, _doc(seed=d), mt.routers(["halves"], [0.25]), [0.1, 0.5], meta=meta)
+    import json
+
+    from sparsekv.studies.equal_bytes import analysis as an
+    for cpu in ("CPU A", "CPU B"):                               # the same cell timed on two machines
+        (tmp_path / cpu).mkdir()
+        pd.DataFrame(rows).to_csv(tmp_path / cpu / "fast_memory_tiny.csv", index=False)
+        (tmp_path / cpu / "fast_memory_tiny.json").write_text(json.dumps({"machine": {"cpu": cpu, "threads": 1}}))
+    both = rep.fast_memory_table(an.load_fast_memory(tmp_path))
+    assert len(both) == 4 and set(both["cpu"]) == {"CPU A", "CPU B"}       # never pooled across machines
     table = rep.fast_memory_table(pd.DataFrame(rows))
     assert len(table) == 2 and set(table["docs"]) == {2} and set(table["questions"]) == {4}
     assert table["exact"].all() and (table["lo"] <= table["stall_ms"]).all() and (table["stall_ms"] <= table["hi"]).all()
     assert (table["fast_held"] < table["held"]).all() and table["fast_held"].is_monotonic_increasing
     rep.fast_memory_figure(table, tmp_path / "fm.png")
     assert (tmp_path / "fm.png").stat().st_size > 0
+    fig = rep.fast_memory_figure(both)
+    assert sum(ax.get_visible() for ax in fig.axes) == 2 and all("CPU" in ax.get_title() for ax in fig.axes)

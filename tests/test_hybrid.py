@@ -22,9 +22,9 @@ from sparsekv.storage.hybrid import HybridStore, layer_groups, make_store
 from sparsekv.storage.hybrid_cache import HybridPrefixCache, make_prefix_cache
 
 
-def hybrid(windows=(0, 20, 0, 7), bs=4, num_blocks=400, window_blocks=None, H=2, D=8, dtype=torch.float32):
+def hybrid(windows=(0, 20, 0, 7), bs=4, num_blocks=400, window_blocks=None, H=2, D=8, dtype=torch.float32, **kw):
     return HybridStore(sk.StoreConfig(num_layers=len(windows), num_kv_heads=H, head_dim=D, block_size=bs,
-                                      num_blocks=num_blocks, dtype=dtype, window_blocks=window_blocks), windows)
+                                      num_blocks=num_blocks, dtype=dtype, window_blocks=window_blocks, **kw), windows)
 
 
 def kv(store, T, g):
@@ -154,6 +154,81 @@ def test_bad_hybrid_layouts_are_rejected():
     store = hybrid()
     with pytest.raises(ValueError, match="layer"):
         store.view(store.new_sequence(), 4)
+
+
+def test_a_cold_tier_holds_global_tiles_only_and_every_read_is_exact(tmp_path):
+    """With a cold tier, the global group keeps `hot_blocks` tiles per layer in memory over its cold file and the
+    sliding groups keep theirs in memory (each step reads a whole window); after every append of an odd size and a
+    trim, every layer reads back exactly what was written for the tokens its window sees, whichever tier held it.
+    Prefetch and spill go to the global group; the cold file goes on close."""
+    windows = (0, 20, 0, 7)
+    g = torch.Generator().manual_seed(3)
+    store = hybrid(windows, bs=4, num_blocks=80, H=2, D=8, cold_dir=tmp_path, hot_blocks=3)
+    assert store.tiers is store.main.tiers is not None
+    assert all(s.tiers is None and not s.config.tiered for s in store.stores[1:])
+    seq = store.new_sequence()
+    K, V = [], []
+    for t in (1, 6, 3, 13, 2, 29, 5, 11, 7):
+        k, v = kv(store, t, g)
+        store.append(seq, k, v)
+        store.trim(seq)
+        K.append(k)
+        V.append(v)
+        n = sum(x.shape[1] for x in K)
+        for layer, w in enumerate(windows):
+            first = max(0, n - w + 1) if w else 0
+            got_k, got_v = store.gather(seq, layer, start=first)
+            assert torch.equal(got_k, torch.cat(K, 1)[layer, first:]), (n, layer)
+            assert torch.equal(got_v, torch.cat(V, 1)[layer, first:]), (n, layer)
+    t = store.tiers
+    assert t.num_cold() > 0                                    # 20 global blocks over 3 hot slots per layer
+    assert store.prefetch(1, seq.block_ids[:2]) == 0           # a sliding layer: no cold tier
+    cold = [b for b in seq.block_ids if t.state[0, b] != 2][:1] or seq.block_ids[:1]
+    store.prefetch(0, cold)                                    # global layer 0 (store layer 0, group index 0)
+    t.wait_prefetches()
+    assert store.spill(seq.block_ids) >= 0 and store.cold_bytes() > 0
+    k_all = torch.cat(K, 1)
+    assert torch.equal(store.gather(seq, 2)[0], k_all[2])      # global layer 2 is the group's layer 1
+    path = t.cold.path
+    store.close()
+    assert not path.exists()
+
+
+def test_a_hybrid_model_over_a_cold_tier_decodes_the_same_tokens(tmp_path):
+    """A routed decode of a model with sliding and global layers gives the same tokens and the same logits, bit for
+    bit, with the global layers' tiles mostly on disk; the decode really read the cold tier. A prefix cache over it
+    spills its cached global blocks to the cold tier, and a hit on them still prefills what a cold start does."""
+    torch.manual_seed(0)
+    model = sk.Model(sk.ModelConfig.from_name("tiny", n_layers=3, windows=(24, 0, 24)))
+    prompt = torch.randint(0, model.config.vocab_size, (150,), generator=torch.Generator().manual_seed(1))
+    router = sk.Router("minmax", top_k=4)
+    common = dict(router=router, block_size=8, num_blocks=64, progress=False)
+    hot = sk.Engine(model, **common)
+    cold = sk.Engine(model, **common, cold_dir=str(tmp_path), hot_blocks=5, prefetch=2)
+    outs = []
+    for engine in (hot, cold):
+        seq = engine.new_sequence()
+        engine.prefill(seq, prompt)
+        outs.append((engine.decode(seq, 16), engine.last_logits(seq)))
+    assert outs[0][0] == outs[1][0] and torch.equal(outs[0][1], outs[1][1])
+    assert cold.store.tiers.num_cold() > 0 and cold.store.tiers.stats.promotions > 0
+    cold.close()
+
+    cached = sk.Engine(model, **common, cold_dir=str(tmp_path), hot_blocks=20, prefix_cache=True)
+    s1 = cached.new_sequence()
+    cached.prefill(s1, prompt[:96])
+    cached.finish(s1)
+    t = cached.store.tiers
+    assert t.num_cold() >= 12 * 1                              # finishing spilled the cached global tiles to disk
+    assert cached.prefix_cache.spill() == 0                    # (maintenance did; nothing is left hot to move)
+    s2 = cached.new_sequence()
+    assert cached.attach_prefix(s2, prompt) == 96              # the 12 full blocks of the first turn
+    promoted = t.stats.promotions
+    warm = cached.extend(s2, prompt[96:])
+    assert t.stats.promotions > promoted                       # the hit read them back
+    ref = hot.prefill(hot.new_sequence(), prompt)
+    torch.testing.assert_close(warm, ref, rtol=1e-5, atol=1e-5)
+    cached.close()
 
 
 # -- attention over a window ---------------------------------------------------------------------------------------

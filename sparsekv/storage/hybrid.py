@@ -16,6 +16,9 @@ Design, and whose it follows:
   * A prefix hit must be valid for every group (vLLM v1's rule): the global group's blocks for the whole prefix and
     each sliding group's blocks for the prefix's last window (`storage.prefix_cache.HybridPrefixCache`).
   * Summaries are kept for the global group only: only global layers are routed.
+  * A cold tier (`StoreConfig.cold_dir`, `hot_blocks`) is the global group's alone: its tiles are the ones a router
+    skips, while a sliding group's few blocks are all read at every step, so they stay in memory (`tiers`,
+    `prefetch` and `spill` are the global group's).
 
 Layer-keyed calls (`write`, `gather`, `view`, `prefetch`) go to the layer's group with the layer's index there;
 sequence calls (`new_sequence`, `fork`, `free`, `reserve`, `trim`) go to every group.
@@ -93,14 +96,17 @@ class HybridStore:
         self.groups = layer_groups(self.windows)
         if self.groups[0].window != 0:
             raise ValueError("windows: a hybrid store needs at least one global layer (window 0)")
-        if c.tiered:
-            raise ValueError("a cold tier over a hybrid store is not supported yet; set cold_dir=None")
         self.stores: list[BlockStore] = []
         for g in self.groups:
             sub = replace(c, num_layers=len(g.layers), labels=None if c.labels is None else c.labels.subset(g.layers))
-            if g.window:                        # sliding: its own small pool, no routing summaries
-                sub = replace(sub, num_blocks=c.window_blocks or c.num_blocks, summaries=(), labels=None)
-            self.stores.append(BlockStore(sub))
+            if g.window:                        # sliding: its own small pool, no routing summaries, no cold tier
+                sub = replace(sub, num_blocks=c.window_blocks or c.num_blocks, summaries=(), labels=None,
+                              cold_dir=None, hot_blocks=None)
+            try:
+                self.stores.append(BlockStore(sub))
+            except BaseException:
+                self.close()                    # a group's cold file already made is not left behind
+                raise
         self._where = {layer: (gi, j) for gi, g in enumerate(self.groups) for j, layer in enumerate(g.layers)}
         self.group_windows = tuple(g.window for g in self.groups)
         self.main = self.stores[0]
@@ -111,7 +117,7 @@ class HybridStore:
     table = property(lambda self: self.main.table)
     workspace = property(lambda self: self.main.workspace)
     quantized = property(lambda self: self.main.quantized)
-    tiers = None
+    tiers = property(lambda self: self.main.tiers)      # the global group's cold tier, or None
     num_free_blocks = property(lambda self: self.main.num_free_blocks)
     sequences = property(lambda self: self.main.sequences)
 
@@ -209,7 +215,17 @@ class HybridStore:
         return v.store.gather(v.seq, v.layer, start)
 
     def prefetch(self, layer: int, block_ids) -> int:
-        return 0
+        """Read `block_ids` of store layer `layer` ahead from the cold tier (a global layer's; a sliding layer has no
+        cold tier: 0)."""
+        gi, j = self.group_of(layer)
+        return self.main.prefetch(j, block_ids) if gi == 0 else 0
+
+    def spill(self, block_ids) -> int:
+        """Move the global group's hot tiles of `block_ids` to its cold tier (`BlockStore.spill`)."""
+        return self.main.spill(block_ids)
+
+    def cold_bytes(self) -> int:
+        return self.main.cold_bytes()
 
     # -- bytes ------------------------------------------------------------------------------------
     def kv_bytes(self) -> int:

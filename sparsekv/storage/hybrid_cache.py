@@ -139,7 +139,8 @@ class HybridPrefixCache:
             cache.table.pool.decref(blocks)
 
     def spill(self) -> int:
-        return 0
+        """The global group's evictable blocks to its cold tier (`PrefixCache.spill`); sliding groups have none."""
+        return self.main.spill()
 
     @property
     def num_cached(self) -> int:

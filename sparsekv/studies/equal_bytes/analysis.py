@@ -42,11 +42,19 @@ def load_rows(*folders) -> "pd.DataFrame":
 
 
 def load_fast_memory(folder) -> "pd.DataFrame":
-    """Every fast-memory row (`fast_memory.run_document`, `fast_memory_*.csv` under `folder`), one DataFrame; empty
-    when there are none (or `folder` is "" or missing)."""
+    """Every fast-memory row (`fast_memory.run_document`, `fast_memory_*.csv` under `folder`), one DataFrame, with
+    the CPU its run recorded (`cpu`, from the .json beside it: stall is a timing of that machine); empty when there
+    are none (or `folder` is "" or missing)."""
+    import json
+
     import pandas as pd
     files = sorted(Path(folder).rglob("fast_memory_*.csv")) if folder and Path(folder).is_dir() else []
-    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+    parts = []
+    for f in files:
+        meta = f.with_suffix(".json")
+        cpu = json.loads(meta.read_text()).get("machine", {}).get("cpu", "") if meta.exists() else ""
+        parts.append(pd.read_csv(f).assign(cpu=cpu or "unrecorded"))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def dense_cells(pilot, threshold: float = dz.HEADLINE_MIN) -> "pd.DataFrame":

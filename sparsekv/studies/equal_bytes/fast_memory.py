@@ -6,7 +6,8 @@ memory when a cold tier on disk holds the blocks a step does not read, and the s
 
 Per (document, router) a reference engine holds everything in memory; per hot share, an engine of the same store
 keeps `hot_blocks` tiles per layer in memory (`StoreConfig.hot_blocks`) over a cold file (`cold_dir`), reading the
-router's next ranked blocks ahead (`prefetch`). Each question is asked on both under the headline rule (the question
+router's next ranked blocks ahead (`prefetch`). On a hybrid model (Gemma 3) the cold tier holds the global layers'
+tiles only: every step reads a sliding layer's whole window, so its blocks stay in memory. Each question is asked on both under the headline rule (the question
 prefilled densely, then the answer teacher-forced through the router), and:
 
     exact          the answer's log-probabilities equal the in-memory engine's bit for bit: the cold tier returns the
@@ -27,6 +28,7 @@ import math
 import tempfile
 
 from ...analysis import observe, tasks
+from ...core.traffic import cache_bytes
 from ...methods import Method
 from ...routing.scorers import summaries_for
 from .run import _lossless, method_bytes
@@ -42,14 +44,21 @@ def hot_blocks_for(share: float, tokens: int, block_size: int) -> int:
 
 
 def fast_held(m: Method, hot_blocks: int, tokens: int, store_config, windows=None) -> float:
-    """Bytes a router keeps in fast memory over a cold tier, as a share of a bf16 dense cache of `tokens`: its hot
-    tiles (`hot_blocks` per layer, at most the document's) plus its summaries, which stay in memory. From the byte
-    model (`run.method_bytes`), whose held share is 1 + the summaries' share for a router over exact blocks."""
+    """Bytes a router keeps in fast memory over a cold tier, as a share of a bf16 dense cache of `tokens`: what the
+    byte model (`run.method_bytes`) says it holds, less the global layers' tiles that are not hot (`hot_blocks` per
+    layer, at most the document's). Summaries stay in memory, and so do a hybrid model's sliding layers (`windows`:
+    per store layer, 0 global; the cold tier is the global layers' alone, `storage.hybrid`). Without sliding layers
+    this is the hot tiles' share plus the summaries'."""
     if m.family != "router" or m.kv_bits:
         raise ValueError(f"fast memory is measured for routers over exact blocks, got {m.name!r}")
-    held = method_bytes(m, tokens, store_config, windows)["held"]
+    b = method_bytes(m, tokens, store_config, windows)
+    sc = store_config
+    n_glob = list(windows).count(0) if windows is not None and any(windows) else sc.num_layers
+    glob = cache_bytes("dense", layers=n_glob, kv_heads=sc.num_kv_heads, head_dim=sc.head_dim, tokens=tokens,
+                       itemsize=2).held
+    share = glob / (b["held_bytes"] / b["held"])          # the global layers' K/V, a share of the dense reference
     blocks = math.ceil(tokens / m.block_size)
-    return min(hot_blocks, blocks) / blocks + (held - 1.0)
+    return b["held"] - share * (1.0 - min(hot_blocks, blocks) / blocks)
 
 
 def _median(xs) -> float:
@@ -85,9 +94,7 @@ def run_document(net, doc: tasks.Document, methods: list[Method], hot_shares, *,
     blocks under the dense rule; hot_shares: shares of the document's blocks kept hot per layer, each in (0, 1];
     cold_dir: where the cold files go (a private temporary folder when None); meta: columns copied into every row."""
     import sparsekv as sk
-    if any(getattr(net.config, "layer_windows", ()) or ()):
-        raise ValueError("a cold tier is measured on models without sliding layers for now (the hybrid store keeps "
-                         f"no cold tier), got {net.config.name!r}")
+    windows = tuple(net.config.store_windows) if any(net.config.store_windows) else None
     for m in methods:
         if not isinstance(m, Method):
             raise TypeError(f"methods must be methods.Method values, got {type(m).__name__}")
@@ -121,9 +128,9 @@ def run_document(net, doc: tasks.Document, methods: list[Method], hot_shares, *,
                         a, st = _answer(eng, seq, q, lo.router)
                         rows.append({**(meta or {}), "question": i, "method": m.name, "hot_share": share,
                                      "hot_blocks": hot, "prefetch": prefetch,
-                                     "fast_held": fast_held(m, hot, tokens, sc),
-                                     "held": method_bytes(m, tokens, sc, None)["held"],
-                                     "read": method_bytes(m, tokens, sc, None)["read"],
+                                     "fast_held": fast_held(m, hot, tokens, sc, windows),
+                                     "held": method_bytes(m, tokens, sc, windows)["held"],
+                                     "read": method_bytes(m, tokens, sc, windows)["read"],
                                      "correct": bool(a.correct), "exact": bool(a.logprobs.equal(want[i].logprobs)),
                                      "steps": len(q.answer), **st,
                                      "stall_ms_per_step": 1e3 * st["stall_s"] / len(q.answer),

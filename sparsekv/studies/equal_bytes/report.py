@@ -112,12 +112,13 @@ def fast_memory_table(rows):
     """Per (model, length, task, method, hot share): documents, questions, fast bytes held, the median stall per
     decode step with a 95% interval over documents (bootstrap of the per-document medians), the share of tile
     accesses that waited (misses and late prefetches), the median step over the cold tier against in memory
-    (`slowdown`), and whether every answer equalled the in-memory one."""
+    (`slowdown`), and whether every answer equalled the in-memory one; per CPU too where the rows name it
+    (`analysis.load_fast_memory`), since stall is a timing of one machine."""
     import numpy as np
     import pandas as pd
     out = []
-    keys = ["model", "length", "task", "method", "hot_share"]
-    for key, g in rows.groupby(keys):
+    keys = ["model", "length", "task", "method", "hot_share"] + (["cpu"] if "cpu" in rows else [])
+    for key, g in rows.groupby(keys, sort=False):
         per_doc = g.groupby("doc")["stall_ms_per_step"].median().to_numpy()
         rng = np.random.default_rng(0)
         boot = np.median(rng.choice(per_doc, (2000, len(per_doc)), replace=True), axis=1) if len(per_doc) > 1 \
@@ -134,28 +135,40 @@ def fast_memory_table(rows):
 
 
 def fast_memory_figure(table, path=None):
-    """Stall per decode step against bytes held in fast memory, one line per router (hot share as the knob), with
-    each router's bytes held in memory without a cold tier as a dashed vertical line. Returns the figure."""
+    """Stall per decode step against bytes held in fast memory, one panel per (model, length, task) and CPU (models
+    and machines are never pooled), one line per router (hot share as the knob), with each router's bytes held in memory without a cold
+    tier as a dashed vertical line. Returns the figure."""
     by_name = named(table["method"].unique())
-    fig, ax = plt.subplots(figsize=(8.5, 4.6))
-    for method, g in table.groupby("method"):
-        g = g.sort_values("fast_held")
-        st = style(by_name[method])
-        ax.errorbar(g["fast_held"].to_numpy(), g["stall_ms"].to_numpy(),
-                    yerr=[(g["stall_ms"] - g["lo"]).clip(lower=0).to_numpy(), (g["hi"] - g["stall_ms"]).clip(lower=0).to_numpy()],
-                    capsize=2, label=f"{method} over a cold tier", color=st["color"], marker=st["marker"])
-        ax.axvline(float(g["held"].iloc[0]), color=st["color"], ls="--", lw=1)
+    cells = list(table.groupby(["model", "length", "task"] + (["cpu"] if "cpu" in table else []), sort=False))
+    cols = min(2, len(cells))
+    rows = -(-len(cells) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(8.5 if cols == 1 else 6.4 * cols, 4.6 * rows + 0.6),
+                             squeeze=False)
+    for ax in axes.flat[len(cells):]:
+        ax.set_visible(False)
+    for ax, ((model, length, task, *_), cell) in zip(axes.flat, cells):
+        for method, g in cell.groupby("method"):
+            g = g.sort_values("fast_held")
+            st = style(by_name[method])
+            ax.errorbar(g["fast_held"].to_numpy(), g["stall_ms"].to_numpy(),
+                        yerr=[(g["stall_ms"] - g["lo"]).clip(lower=0).to_numpy(),
+                              (g["hi"] - g["stall_ms"]).clip(lower=0).to_numpy()],
+                        capsize=2, label=f"{method} over a cold tier", color=st["color"], marker=st["marker"])
+            ax.axvline(float(g["held"].iloc[0]), color=st["color"], ls="--", lw=1)
+        n = int(cell["docs"].min())
+        ax.set(xlabel="bytes held in fast memory / bf16 dense\n(dashed: the same router with no cold tier)",
+               ylabel="stall per decode step (ms, median over documents)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+        cpu = f"; {', '.join(cell['cpu'].unique())}" if "cpu" in cell else ""
+        ax.set_title(f"{model}, {length:,} tokens, {task}: fast memory {cell['fast_held'].min():.2f}-"
+                     f"{cell['fast_held'].max():.2f}\n({n} document{'s' * (n != 1)} or more per point{cpu})",
+                     fontsize=9)
     exact = bool(table["exact"].all())
-    n = int(table["docs"].min())
-    ax.set(xlabel="bytes held in fast memory per sequence / bf16 dense (dashed: the same router with no cold tier)",
-           ylabel="stall per decode step (ms, median over documents)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
-    ax.set_title(f"A cold tier keeps {table['fast_held'].min():.2f}-{table['fast_held'].max():.2f} of dense in fast "
-                 f"memory; every answer {'equals' if exact else 'does NOT equal'} the in-memory one\n"
-                 f"({n} document{'s' * (n != 1)} or more per point; 95% intervals over documents; stall is a timing "
-                 "on this machine)", fontsize=10)
+    fig.suptitle(f"A cold tier keeps {table['fast_held'].min():.2f}-{table['fast_held'].max():.2f} of a dense cache "
+                 f"in fast memory; every answer {'equals' if exact else 'does NOT equal'} the in-memory one\n"
+                 "(95% intervals over documents; stall is a timing on the machine each run records)", fontsize=10)
     if path is not None:
         viz.save(fig, path)
     return fig
