@@ -65,3 +65,12 @@ def test_the_readme_course_lists_every_course_notebook_once_and_at_most_fourteen
                                       "linked twice or not in the course": sorted(set(linked) - set(course)
                                                                                   | {n for n in linked
                                                                                      if linked.count(n) > 1})}
+
+
+def test_the_study_page_types_no_verdict_or_accuracy():
+    """The equal-bytes study's verdicts move as cells join its Holm family; the README and notebook 24 render them from
+    the rows. A typed one went stale once (docs/equal_bytes.md called a contrast non-inferior after the family's
+    growth had made it "not shown"), so the page states none: no adjusted p, no accuracy to a tenth of a point."""
+    text = (REPO / "docs" / "equal_bytes.md").read_text()
+    typed = re.findall(r"Holm p \d[^\s,;)]*|\b\d+\.\d+%", text)
+    assert not typed, f"docs/equal_bytes.md types results the rows should render: {typed}"
