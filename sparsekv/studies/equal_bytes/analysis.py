@@ -107,7 +107,8 @@ def compute(*folders, fast_memory=None) -> "pd.DataFrame":
     the cells' rows), core-hours (each cell's wall time x the threads its sweep gave it, `suite.sweep.compute`) and
     core-minutes per document. Fast-memory runs (`fast_memory_*.json` under `fast_memory`: wall time x threads)
     are rows of split "fast memory"; the pilot's cells are one row per (model, length). A last row, "all", sums
-    every row (documents counted once per split they ran in). Keys come from the rows, so the names match
+    every row. Documents are those in each cell's or run's rows, summed: a document run twice (a fast-memory cell
+    timed on two machines) counts twice. Keys come from the rows, so the names match
     `curves` and `coverage`."""
     import json
 

@@ -7,8 +7,8 @@ memory when a cold tier on disk holds the blocks a step does not read, and the s
 Per (document, router) a reference engine holds everything in memory; per hot share, an engine of the same store
 keeps `hot_blocks` tiles per layer in memory (`StoreConfig.hot_blocks`) over a cold file (`cold_dir`), reading the
 router's next ranked blocks ahead (`prefetch`). On a hybrid model (Gemma 3) the cold tier holds the global layers'
-tiles only: every step reads a sliding layer's whole window, so its blocks stay in memory. Each question is asked on both under the headline rule (the question
-prefilled densely, then the answer teacher-forced through the router), and:
+tiles only: every step reads a sliding layer's whole window, so its blocks stay in memory. Each question is asked on
+both under the headline rule (the question prefilled densely, then the answer teacher-forced through the router), and:
 
     exact          the answer's log-probabilities equal the in-memory engine's bit for bit: the cold tier returns the
                    bytes written, so accuracy cannot move (an invariant, checked on every row, never assumed)

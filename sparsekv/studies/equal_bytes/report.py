@@ -136,8 +136,8 @@ def fast_memory_table(rows):
 
 def fast_memory_figure(table, path=None):
     """Stall per decode step against bytes held in fast memory, one panel per (model, length, task) and CPU (models
-    and machines are never pooled), one line per router (hot share as the knob), with each router's bytes held in memory without a cold
-    tier as a dashed vertical line. Returns the figure."""
+    and machines are never pooled), one line per router (hot share as the knob), with each router's bytes held in
+    memory without a cold tier as a dashed vertical line. Returns the figure."""
     by_name = named(table["method"].unique())
     cells = list(table.groupby(["model", "length", "task"] + (["cpu"] if "cpu" in table else []), sort=False))
     cols = min(2, len(cells))
