@@ -403,7 +403,7 @@ def compute(*outs: str | Path):
     rows = []
     for out in outs:
         for path in sorted(Path(out).rglob("cells/*/status.json")) if out and Path(out).is_dir() else []:
-            st = json.loads(path.read_text())
+            st = cell_status(path.parent)
             if path.parent.name.startswith(".") or st.get("status") != "ok":
                 continue
             threads = int(st.get("threads") or 1)

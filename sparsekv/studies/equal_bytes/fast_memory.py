@@ -118,6 +118,7 @@ def run_document(net, doc: tasks.Document, methods: list[Method], hot_shares, *,
             want = [_answer(ref, seq, q, lo.router)[0] for q in doc.questions]
             ref.finish(seq)
             sc = ref.store.config
+            nbytes = method_bytes(m, tokens, sc, windows)
             for share in shares:
                 hot = hot_blocks_for(share, len(doc.ids), m.block_size)
                 eng = sk.Engine(net, **common, cold_dir=d, hot_blocks=hot, prefetch=prefetch)
@@ -129,8 +130,7 @@ def run_document(net, doc: tasks.Document, methods: list[Method], hot_shares, *,
                         rows.append({**(meta or {}), "question": i, "method": m.name, "hot_share": share,
                                      "hot_blocks": hot, "prefetch": prefetch,
                                      "fast_held": fast_held(m, hot, tokens, sc, windows),
-                                     "held": method_bytes(m, tokens, sc, windows)["held"],
-                                     "read": method_bytes(m, tokens, sc, windows)["read"],
+                                     "held": nbytes["held"], "read": nbytes["read"],
                                      "correct": bool(a.correct), "exact": bool(a.logprobs.equal(want[i].logprobs)),
                                      "steps": len(q.answer), **st,
                                      "stall_ms_per_step": 1e3 * st["stall_s"] / len(q.answer),
