@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.sparsekv-installed
 KERNEL     := $(VENV)/share/jupyter/kernels/sparsekv/kernel.json
 
-.PHONY: setup model kernels notebooks test smoke lab lint clean bench-peers book
+.PHONY: setup model kernels notebooks test smoke lab lint clean bench-peers bench-peers-avx2 book
 
 setup: $(STAMP) $(KERNEL)
 
@@ -17,11 +17,14 @@ $(PY):
 # The rest through uv, which resolves the same versions as pip (compared on 2026-12-05: identical `pip freeze`) and
 # downloads in parallel: 29 s against pip's 174 s for the package and its ~180 dependencies, cache empty (issue 52).
 # uv leaves the installed torch in place (the package's torch range admits it), so no CUDA build is pulled.
+# --compile-bytecode: uv, unlike pip, writes no .pyc files by default, and where PYTHONDONTWRITEBYTECODE is set (this
+# machine, 2026-12-07) no process writes them either, so every process compiled every module it imported from source
+# (transformers, pandas, scipy, ray: about 15% of notebook 22's smoke run, 2026-12-07, py-spy), each time.
 UV_SPEC    ?= uv==0.13.9
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
 	$(PY) -m pip install --quiet $(UV_SPEC)
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e ".[notebooks,dev,hf,kernels,peers,sweep,book]"
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -e ".[notebooks,dev,hf,kernels,peers,sweep,book]"
 	touch $(STAMP)
 
 # Registered inside the venv (--sys-prefix), so nothing is written to the user's home.
@@ -59,7 +62,10 @@ TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadscope
 kernels: setup
 	$(PY) -c "from sparsekv.kernels import cpu_decode as c; print('cpu extension:', 'ready' if c.load() else c.reason())"
 
+# The package's own modules compiled once (an editable install's sources: the reason above; a stale .pyc is never
+# used, Python checks each against its source), then the tests.
 test: setup model kernels
+	$(PY) -m compileall -q -j 0 sparsekv kernels benchmarks >/dev/null
 	$(PY) -m pytest -q $(TEST_ARGS)
 
 # The peer of benchmarks/bench_vs_llamacpp.py, never part of `make test`: llama-cpp-python built from its PyPI source
@@ -79,6 +85,15 @@ bench-peers: setup
 	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" $(PY) -m pip install --quiet --force-reinstall --no-deps \
 		--no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP_SPEC)
 	$(PY) -m pip install --quiet $(LLAMA_CPP_SPEC)
+
+# The same peer built as for an AVX2-only CPU (AVX2, FMA, F16C, no AVX-512, no AVX-VNNI, no AMX), beside the native
+# one in build/llama-avx2: `python -m benchmarks.bench_vs_llamacpp --cpu alt` imports it there, with sparsekv under
+# suite.cpuconfig's "alt" environment, so that a machine with AVX-512 also measures both engines' AVX2 paths.
+LLAMA_AVX2_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF
+bench-peers-avx2: setup
+	CMAKE_ARGS="$(LLAMA_AVX2_CMAKE)" $(PY) -m pip install --quiet --force-reinstall --no-deps --no-cache-dir \
+		--no-binary llama-cpp-python --target build/llama-avx2 $(LLAMA_CPP_SPEC)
 
 # pyflakes and import order (pyproject's [tool.ruff]); .ci/run runs it before the tests.
 lint: setup

@@ -4,6 +4,13 @@
     python -m benchmarks.bench_vs_llamacpp            # SmolLM2 (Q4_1 and Q8_0) at 2k and 8k; Gemma 3 270M at 2k-32k
     python -m benchmarks.bench_vs_llamacpp --models smollm2-q8_0 --lengths 512 --steps 4 --repeats 3 \
         --skip-agreement --skip-profile --run-kind "short verification run" --out build/vs.json   # a short run
+    make bench-peers-avx2 && python -m benchmarks.bench_vs_llamacpp --cpu alt ...   # this CPU as an AVX2 machine
+
+`--cpu alt` measures both engines' AVX2 paths on a CPU that has AVX-512: sparsekv under `suite.cpuconfig`'s "alt"
+environment (ATen's AVX2 kernels, oneDNN and MKL capped at AVX2, the extension built for x86-64-v3, so a float32
+prefill and no bfloat16 dot products) at `--threads`, and llama.cpp built without AVX-512 into build/llama-avx2. It
+stands in for an AVX2-only machine's instruction set, not for its caches, clocks or memory: the JSON's `cpu_config`
+says what was forced, and the report labels the run.
 
 Every peer at its best, its settings recorded. llama.cpp runs in each configuration of `--llama-configs`
 (`llama_peer.CONFIGS`: flash attention off and on, K/V f16 and bf16, and q8_0 as a lossy peer of its own), one
@@ -49,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -89,11 +97,17 @@ AGREE_MODES = [("gguf", "gguf", "float32", {"fused_decode": False}, "float32"),
                ("float32", "float32", "float32", {}, "float32")]
 
 
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below its first level with bfloat16 dot products (AVX512_CORE_BF16)
+_NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
 def native_bf16() -> bool:
-    """Whether this CPU has bfloat16 dot products (AVX512_BF16 or AMX-BF16, as /proc/cpuinfo's flags name them),
-    where torch's bfloat16 matmuls run several times float32's rate; elsewhere they are emulated and slower."""
+    """Whether this process has bfloat16 dot products: the CPU has AVX512_BF16 or AMX-BF16 (as /proc/cpuinfo's flags
+    name them) and oneDNN is not capped below them (`--cpu alt` caps it at AVX2). There torch's bfloat16 matmuls run
+    several times float32's rate; elsewhere they are emulated and slower."""
     from sparsekv.core.cpu_paths import cpu_flags
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").strip().upper()
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags()) and cap not in _NO_BF16_ISAS
 
 
 def prefill_path(model, engine) -> str:
@@ -120,6 +134,34 @@ def cpu_name() -> str:
     """This machine's CPU model, as /proc/cpuinfo names it (runs differ in machine: docs/benchmarks.md says which)."""
     from sparsekv.suite.cpuconfig import cpu_model
     return cpu_model()
+
+
+def first_token_gaps(ours: torch.Tensor, theirs: dict) -> dict:
+    """Where the first greedy token after the prompt differs, whether it is a near tie: for each exact llama.cpp
+    configuration c (theirs[c]: its logits over the vocabulary after the prompt, as ours are sparsekv's), both picks,
+    each side's logit gap between its own pick and the other's (0 where they agree; a gap well under the logits'
+    rounding across engines is a tie broken differently, not a fault), and KL(llama.cpp || sparsekv) of the two
+    next-token distributions (nats)."""
+    out = {"sparsekv": int(ours.argmax())}
+    lo = torch.log_softmax(ours.double(), -1)
+    for c, lg in theirs.items():
+        a, b = out["sparsekv"], int(lg.argmax())
+        lt = torch.log_softmax(lg.double(), -1)
+        out[c] = {"token": b, "gap_sparsekv": float(ours[a] - ours[b]), "gap_llamacpp": float(lg[b] - lg[a]),
+                  "kl": float((lt.exp() * (lt - lo)).sum())}
+    return out
+
+
+def _relative(path: Path) -> str:
+    """`path` relative to the repository where it lies inside it (results name no machine's folders), else as is."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def cpu_label(out: dict) -> str:
+    """A run's CPU for its figure: the model name, and "as an AVX2 machine" for a `--cpu alt` run."""
+    cpu = out.get("cpu", "an unrecorded CPU")
+    return cpu + (" as an AVX2 machine (--cpu alt)" if (out.get("cpu_config") or {}).get("name") == "alt" else "")
 
 
 def prompt_ids(tok, n: int, kind: str = "prose", skip: int = 0) -> list[int]:
@@ -256,8 +298,11 @@ def speed_case(name: str, path: Path, n: int, args, rates) -> dict:
             eng.finish(seq)                  # the last round's sequence is the one decode continues
     alt = None                               # its pool and model views go before decode
     first = {c: int(np.argmax(p.last_logits())) for c, p in peers.items()}
-    first_ours = int(eng.last_logits(seq).argmax())
+    last_ours = eng.last_logits(seq).float().flatten()
+    first_ours = int(last_ours.argmax())
     case["same_first_token"] = all(t == first_ours for c, t in first.items() if CONFIGS[c].exact)
+    case["first_token"] = first_token_gaps(last_ours, {c: torch.from_numpy(np.asarray(p.last_logits())).float()
+                                                       for c, p in peers.items() if CONFIGS[c].exact})
 
     # 3. decode, interleaved rounds after an untimed one
     runs = {"dense": eng.fork(seq), "routed": eng.fork(seq), "dense_f32act": eng.fork(seq)}
@@ -465,7 +510,7 @@ def _plot_v1(out: dict, path: Path) -> None:
     viz.log_ticks(a, "x", sorted({c["length"] for c in out["cases"]}))
     viz.legend_below(a, ncol=2)
     fig.suptitle(f"sparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, {out['threads']} "
-                 f"threads on {out.get('cpu', 'an unrecorded CPU')}. No slower than llama.cpp:\n{verdict(out)}",
+                 f"threads on {cpu_label(out)}. No slower than llama.cpp:\n{verdict(out)}",
                  fontsize=11)
     viz.save(fig, path, dpi=120)
     plt.close(fig)
@@ -539,7 +584,7 @@ def _plot_v2(out: dict, path: Path) -> None:
     finding = "; ".join(f"{m}: prefill {span(m, 'prefill_vs_llamacpp')}, dense decode {span(m, 'dense_vs_llamacpp')} "
                         f"llama.cpp's fastest exact time" for m in models)
     setting = (f"sparsekv (the GGUF's own codes) against llama.cpp {out['llama_cpp_python']}, {out['threads']} "
-               f"threads on {out.get('cpu', 'an unrecorded CPU')}" + (f" ({out['run_kind']})" if out.get("run_kind") else ""))
+               f"threads on {cpu_label(out)}" + (f" ({out['run_kind']})" if out.get("run_kind") else ""))
     width = int(fig.get_figwidth() * 13)                  # characters per line at fontsize 10, nothing clipped
     fig.suptitle("\n".join(textwrap.wrap(finding, width) + textwrap.wrap(setting, width)), fontsize=10)
     fig.tight_layout()
@@ -638,25 +683,61 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="sparsekv's prefill matmuls and attention (load_model's prefill); auto: bfloat16 where the "
                          "CPU has bfloat16 dot products (native_bf16), else float32")
+    ap.add_argument("--cpu", default="native", choices=["native", "alt"],
+                    help="native: this CPU as it is; alt: this CPU as an AVX2 machine runs it, both engines (sparsekv "
+                         "under `suite.cpuconfig`'s alt environment at --threads, llama.cpp from --llama-path, a "
+                         "build without AVX-512: `make bench-peers-avx2`)")
+    ap.add_argument("--llama-path", type=Path, default=None,
+                    help="a folder holding another llama_cpp package, imported first (--cpu alt: build/llama-avx2)")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)    # already under --cpu's environment
     ap.add_argument("--run-kind", default="full run",
                     help="what this run is, recorded in the JSON and its figure (e.g. 'short verification run')")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vs_llamacpp.json")
     args = ap.parse_args(argv)
+    if args.repeats < 2:
+        ap.error(f"--repeats must be at least 2 (the first lm_head round is discarded as a warm-up), got {args.repeats}")
     if not any(CONFIGS[c].exact for c in args.llama_configs):
         ap.error("--llama-configs needs at least one exact (f16 or bf16) configuration")
+    if args.cpu == "alt" and args.llama_path is None:
+        args.llama_path = ROOT / "build" / "llama-avx2"
+    if args.llama_path is not None and not (args.llama_path / "llama_cpp").is_dir():
+        raise SystemExit(f"--llama-path: no llama_cpp package in {args.llama_path}"
+                         + (" (build it: make bench-peers-avx2)" if args.cpu == "alt" else ""))
+    if args.cpu == "alt" and not args.inner:
+        # ATen reads ATEN_CPU_CAPABILITY and oneDNN its ISA cap when they load: the run goes on in a fresh process
+        import subprocess
+
+        from sparsekv.suite import cpuconfig
+        env = {**os.environ, **cpuconfig.environment("alt"), "OMP_NUM_THREADS": str(args.threads),
+               "MKL_NUM_THREADS": str(args.threads)}
+        return subprocess.run([sys.executable, "-m", "benchmarks.bench_vs_llamacpp",
+                               *(argv if argv is not None else sys.argv[1:]), "--inner"], env=env, cwd=ROOT).returncode
+    if args.llama_path is not None:
+        sys.path.insert(0, str(args.llama_path.resolve()))
     if args.prefill == "auto":
         args.prefill = "bfloat16" if native_bf16() else "float32"
     try:
         import llama_cpp
     except ImportError:
         raise SystemExit("llama-cpp-python is not installed: run `make bench-peers` (builds it from source)")
+    if args.llama_path is not None and Path(llama_cpp.__file__).resolve().parents[1] != args.llama_path.resolve():
+        raise SystemExit(f"--llama-path: llama_cpp was imported from {llama_cpp.__file__}, not {args.llama_path}")
     if llama_cpp.__version__ != LLAMA_CPP:
         print(f"warning: llama-cpp-python {llama_cpp.__version__}, measured and pinned: {LLAMA_CPP}", file=sys.stderr)
     torch.set_num_threads(args.threads)
-    rates = floors.measure(5)
+    rates = floors.measure(5, bf16=native_bf16())
     print(f"this machine: read {rates.read_Bps / 1e9:.1f} GB/s, matmul {rates.f32_flops / 1e9:.0f} (float32) / "
           f"{rates.bf16_flops / 1e9:.0f} (bfloat16) GFLOP/s, {args.threads} threads", flush=True)
     features = llama_cpp.llama_print_system_info().decode().strip(" |")
+    if args.cpu == "alt" and "AVX512 = 1" in features:
+        raise SystemExit(f"--cpu alt: {llama_cpp.__file__} was built with AVX-512 ({features}); build it for AVX2 "
+                         "only: make bench-peers-avx2")
+    from sparsekv.kernels import cpu_decode
+    cpu_config = {"name": args.cpu, "aten": torch.backends.cpu.get_cpu_capability(),
+                  "extension_arch": cpu_decode.arch() if cpu_decode.available() else None,
+                  "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+                  "mkl_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
+                  "llama_cpp_path": _relative(Path(llama_cpp.__file__).parent)}
     files = {name: model_file(name, args.threads) for name in args.models}
     cases, agree, prof = [], [], []
     if "smollm2" in args.models and not args.skip_profile:
@@ -678,7 +759,7 @@ def main(argv=None) -> int:
                   f"[{r['dense_vs_llamacpp']['lo']:.2f}, {r['dense_vs_llamacpp']['hi']:.2f}] "
                   f"{r['dense_vs_llamacpp']['verdict']}", flush=True)
     out = {"schema": 2, "run_kind": args.run_kind, "date": str(date.today()), "torch": torch.__version__,
-           "llama_cpp_python": llama_cpp.__version__, "cpu": cpu_name(), "llama_cpp_features": features,
+           "llama_cpp_python": llama_cpp.__version__, "cpu": cpu_name(), "cpu_config": cpu_config, "llama_cpp_features": features,
            "llama_cpp_amx": "AMX" in features, "threads": args.threads, "llama_configs": args.llama_configs,
            "llama_settings": {"swa_full": False, "n_batch": 512, "n_ubatch": 512},
            "files": {k: v[1] for k, v in files.items()}, **rates.as_dict(),

@@ -33,15 +33,19 @@ class MachineRates:
                 "bf16_matmul_flops": self.bf16_flops, "floor_flops": self.flops}
 
 
-def measure(repeats: int = 5, n: int = 2048) -> MachineRates:
-    """Read bandwidth and square-matmul rates (float32 and bfloat16) on this machine, now."""
+def measure(repeats: int = 5, n: int = 2048, bf16: bool = True) -> MachineRates:
+    """Read bandwidth and square-matmul rates (float32 and bfloat16) on this machine, now. `bf16`: whether this
+    process has bfloat16 dot products; without them ATen emulates the product on one thread (a 2048^3 one took over
+    a minute under `--cpu alt`), so its rate is measured once on a 512^3 product, which is enough to show it is far
+    below float32's, and the floor takes float32's."""
     import torch
 
     from benchmarks.bench_cpu_decode import peak_rate, read_bandwidth
     from sparsekv.core.profiling import median_time
-    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
-    bf16 = 2 * n ** 3 / median_time(lambda: a @ b, repeats, 2)
-    return MachineRates(read_bandwidth(repeats), peak_rate(repeats, n), bf16)
+    m = n if bf16 else 512
+    a, b = torch.randn(m, m, dtype=torch.bfloat16), torch.randn(m, m, dtype=torch.bfloat16)
+    rate = 2 * m ** 3 / (median_time(lambda: a @ b, repeats, 2) if bf16 else median_time(lambda: a @ b, 1, 0))
+    return MachineRates(read_bandwidth(repeats), peak_rate(repeats, n), rate)
 
 
 def decode_kv_bytes(cfg, n: int, kv_type: str) -> float:

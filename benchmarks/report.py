@@ -209,6 +209,18 @@ def _iv(s: dict, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(s['median'] * scale)} [{fmt.format(s['lo'] * scale)}-{fmt.format(s['hi'] * scale)}]"
 
 
+def _vs_cpu(d: dict, short: bool = False) -> str:
+    """The CPU a run against llama.cpp measured, and how: as it is, or (`--cpu alt`) as an AVX2 machine runs it."""
+    cpu, c = d.get("cpu", "an unrecorded CPU"), d.get("cpu_config") or {}
+    if c.get("name") != "alt":
+        return cpu
+    if short:
+        return f"{cpu}, AVX2 paths (`--cpu alt`)"
+    return (f"{cpu}, run as an AVX2 machine (`--cpu alt`: sparsekv with ATen's {c['aten']} kernels, oneDNN capped at "
+            f"{c['onednn_max_isa']}, MKL at {c['mkl_instructions']} and its extension built for -march "
+            f"{c['extension_arch']}; llama.cpp built for AVX2 without AVX-512 by `make bench-peers-avx2`)")
+
+
 def _vs_v2(d: dict) -> list[str]:
     """The table of a run with intervals (`bench_vs_llamacpp`, schema 2): every engine and configuration, with its
     settings, its median and interval, and its time over its floor; the comparisons with their verdicts; routed
@@ -216,7 +228,7 @@ def _vs_v2(d: dict) -> list[str]:
     amx = "with AMX" if d.get("llama_cpp_amx") else "without AMX (rows are llama.cpp without its AMX matmuls)"
     configs = {k: v for c in d["cases"] for k, v in c["llamacpp_settings"].items()}
     lines = [f"sparsekv against llama.cpp ({d['run_kind']}): llama-cpp-python {d['llama_cpp_python']}, built {amx}, "
-             f"{d['threads']} threads, {d['date']}, on {d.get('cpu', 'an unrecorded CPU')} (llama.cpp's build: "
+             f"{d['threads']} threads, {d['date']}, on {_vs_cpu(d)} (llama.cpp's build: "
              f"{d['llama_cpp_features'].replace(' | ', ', ')}). Same GGUF files and token ids of real prose, one process "
              f"(`python -m benchmarks.bench_vs_llamacpp`). llama.cpp's configurations, each with n_batch = n_ubatch = "
              f"{d['llama_settings']['n_batch']}, swa_full {d['llama_settings']['swa_full']}: "
@@ -263,7 +275,25 @@ def _vs_v2(d: dict) -> list[str]:
                          f"{q['reference'][k].replace('llamacpp_', 'llama.cpp ')} | "
                          f"{c['kv_read_per_step'][k] / 1e6:.2f} MB | {q[k]['top1_agreement']:.1%} | {q[k]['kl_mean']:.4f} | "
                          f"{q[k]['kl_p99']:.4f} | {_iv(r) + ' ' + r['verdict'] if r else '-'} |")
+    lines += ["", "The first greedy token after the prompt, sparsekv dense against llama.cpp's exact configurations "
+              "(decode then continues each engine's own tokens, so TPOT compares the same context lengths, not always "
+              "the same tokens): " + "; ".join(_first_token(c) for c in d["cases"]) + "."]
     return lines
+
+
+def _first_token(c: dict) -> str:
+    """One case's first greedy token: the same in both engines, or where it differs, each side's logit gap between its
+    own pick and the other's and the KL of the two distributions (`bench_vs_llamacpp.first_token_gaps`)."""
+    where = f"{c['model']} at {c['length']:,}"
+    if c.get("same_first_token"):
+        return f"{where} the same"
+    ft = c.get("first_token")
+    if not ft:
+        return f"{where} different (gaps not recorded in this run)"
+    gaps = ", ".join(f"{k}: llama.cpp picks {v['token']}, gap {v['gap_sparsekv']:.3f} in sparsekv's logits and "
+                     f"{v['gap_llamacpp']:.3f} in llama.cpp's, KL {v['kl']:.4f}" for k, v in ft.items()
+                     if k != "sparsekv" and v["token"] != ft["sparsekv"])
+    return f"{where} different (sparsekv picks {ft['sparsekv']}; {gaps})"
 
 
 # A run of the protocol before issue 57 (schema 1) is shown with what it did not do, until a run of the current one
@@ -398,7 +428,7 @@ def vs_llamacpp_summary(paths: list[Path]) -> str:
             lossy = "; ".join(f"{k[len('routed_vs_llamacpp_'):]} {_iv(v)} {v['verdict']}" for k, v in r.items()
                               if k.startswith("routed_vs_llamacpp_") and k != "routed_vs_llamacpp_exact") or "-"
             q = c["quality"].get("sparsekv_routed")
-            lines.append(f"| `{p.stem}` | {d.get('cpu', 'an unrecorded CPU')}, {d['date']} | {c['model']} | "
+            lines.append(f"| `{p.stem}` | {_vs_cpu(d, short=True)}, {d['date']} | {c['model']} | "
                          f"{c['length']:,} | {_iv(r['prefill_vs_llamacpp'])} {r['prefill_vs_llamacpp']['verdict']} | "
                          f"{_iv(r['dense_vs_llamacpp'])} {r['dense_vs_llamacpp']['verdict']} | {lossy} | "
                          + (f"{q['top1_agreement']:.1%}, {q['kl_mean']:.3f} |" if q else "- |"))

@@ -226,3 +226,70 @@ def test_a_span_gives_every_value_its_ends_and_one_value_once():
     assert repeats.span_text([2.0, 4.44], digits=1) == "2.0-4.4x"
     with pytest.raises(ValueError, match="no ratios"):
         repeats.span_text([])
+
+
+def test_a_run_as_an_avx2_machine_is_labelled_wherever_it_is_shown(tmp_path):
+    """`--cpu alt` runs both engines on their AVX2 paths on a CPU with AVX-512: the summary row, the run's header and
+    its figure say so, and say what was forced; a run as the CPU is keeps the plain CPU name."""
+    import json
+
+    from benchmarks import report
+    from benchmarks.bench_vs_llamacpp import cpu_label
+    alt = {"name": "alt", "aten": "AVX2", "extension_arch": "x86-64-v3", "onednn_max_isa": "AVX2",
+           "mkl_instructions": "AVX2", "llama_cpp_path": "build/llama-avx2/llama_cpp"}
+    d = {"schema": 2, "date": "2026-12-07", "cpu": "Xeon", "cpu_config": alt, "cases": [_case("m", 512)]}
+    (tmp_path / "vs_llamacpp_alt.json").write_text(json.dumps(d))
+    (tmp_path / "vs_llamacpp_native.json").write_text(json.dumps({**d, "cpu_config": {**alt, "name": "native"}}))
+    rows = [r for r in report.vs_llamacpp_summary(sorted(tmp_path.glob("*.json"))).splitlines() if r.startswith("| `")]
+    assert rows[0].startswith("| `vs_llamacpp_alt` | Xeon, AVX2 paths (`--cpu alt`), 2026-12-07 |")
+    assert rows[1].startswith("| `vs_llamacpp_native` | Xeon, 2026-12-07 |")
+    long = report._vs_cpu(d)
+    assert "ATen's AVX2 kernels" in long and "-march x86-64-v3" in long and "without AVX-512" in long
+    assert cpu_label(d) == "Xeon as an AVX2 machine (--cpu alt)" and cpu_label({"cpu": "Xeon"}) == "Xeon"
+
+
+@pytest.mark.parametrize("flags, cap, expected", [
+    ({"avx512_bf16"}, None, True),
+    ({"amx_bf16"}, "AVX512_CORE_AMX", True),
+    ({"avx512_bf16", "amx_bf16"}, "AVX2", False),         # `--cpu alt`: oneDNN capped at AVX2 emulates bfloat16
+    ({"avx512_bf16"}, "avx512_core", False),             # below AVX512_CORE_BF16, whatever the case
+    ({"avx2", "fma"}, None, False),                      # an AVX2-only CPU
+])
+def test_the_bfloat16_prefill_is_chosen_only_where_this_process_has_bfloat16_dot_products(monkeypatch, flags, cap,
+                                                                                          expected):
+    from benchmarks import bench_vs_llamacpp as b
+    from sparsekv.core import cpu_paths
+    monkeypatch.setattr(cpu_paths, "cpu_flags", lambda: set(flags))
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert b.native_bf16() is expected
+
+
+def test_the_first_token_s_gaps_say_how_near_a_tie_the_two_engines_picks_are():
+    import torch
+
+    from benchmarks.bench_vs_llamacpp import first_token_gaps
+    ours = torch.tensor([0.0, 2.0, 1.9, -1.0])
+    theirs = {"fa1-f16": torch.tensor([0.0, 1.95, 2.0, -1.0]), "fa0-f16": ours.clone()}
+    g = first_token_gaps(ours, theirs)
+    assert g["sparsekv"] == 1 and g["fa1-f16"]["token"] == 2 and g["fa0-f16"]["token"] == 1
+    assert g["fa1-f16"]["gap_sparsekv"] == pytest.approx(0.1) and g["fa1-f16"]["gap_llamacpp"] == pytest.approx(0.05)
+    assert g["fa0-f16"]["gap_sparsekv"] == 0.0 and g["fa0-f16"]["kl"] == pytest.approx(0.0, abs=1e-12)
+    p, q = torch.softmax(theirs["fa1-f16"].double(), -1), torch.softmax(ours.double(), -1)
+    assert g["fa1-f16"]["kl"] == pytest.approx(float((p * (p / q).log()).sum()))       # KL(llama.cpp || sparsekv)
+
+
+def test_the_report_says_where_the_first_greedy_tokens_differ_and_by_how_much():
+    from benchmarks import report
+    same = {"model": "m", "length": 2048, "same_first_token": True}
+    old = {"model": "m", "length": 32768, "same_first_token": False}
+    new = {**old, "first_token": {"sparsekv": 5, "fa1-f16": {"token": 7, "gap_sparsekv": 0.0312, "gap_llamacpp": 0.0101,
+                                                               "kl": 0.00123},
+                                  "fa0-f16": {"token": 5, "gap_sparsekv": 0.0, "gap_llamacpp": 0.0, "kl": 0.0}}}
+    assert report._first_token(same) == "m at 2,048 the same"
+    assert report._first_token(old) == "m at 32,768 different (gaps not recorded in this run)"
+    assert report._first_token(new) == ("m at 32,768 different (sparsekv picks 5; fa1-f16: llama.cpp picks 7, gap 0.031 "
+                                        "in sparsekv's logits and 0.010 in llama.cpp's, KL 0.0012)")

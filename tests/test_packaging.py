@@ -110,3 +110,15 @@ def test_make_lab_opens_jupyterlab_on_the_notebooks_with_the_project_kernel():
     assert version.returncode == 0 and version.stdout.strip()[0].isdigit()
     kernels = subprocess.run([sys.executable, "-m", "jupyter", "kernelspec", "list"], capture_output=True, text=True)
     assert "sparsekv" in kernels.stdout
+
+
+@pytest.mark.parametrize("module", ["transformers", "pandas", "scipy", "ray", "ipykernel"])
+def test_the_installed_dependencies_carry_their_compiled_bytecode(module):
+    """`make setup` installs with `uv pip install --compile-bytecode`: uv writes no .pyc files unless asked, and where
+    PYTHONDONTWRITEBYTECODE is set no process writes them, so every test worker, notebook kernel and Ray worker
+    compiled these packages from source on each import (about 15% of a real-model smoke run; CHANGELOG, 2026-12-07)."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, module
+    cached = importlib.util.cache_from_source(spec.origin)
+    assert os.path.exists(cached), (f"{module} has no compiled bytecode ({cached}): this environment was installed "
+                                    "before `make setup` compiled it; rm .venv/.sparsekv-installed && make setup")
