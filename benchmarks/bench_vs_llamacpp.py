@@ -97,17 +97,12 @@ AGREE_MODES = [("gguf", "gguf", "float32", {"fused_decode": False}, "float32"),
                ("float32", "float32", "float32", {}, "float32")]
 
 
-# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below its first level with bfloat16 dot products (AVX512_CORE_BF16)
-_NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-
-
 def native_bf16() -> bool:
-    """Whether this process has bfloat16 dot products: the CPU has AVX512_BF16 or AMX-BF16 (as /proc/cpuinfo's flags
-    name them) and oneDNN is not capped below them (`--cpu alt` caps it at AVX2). There torch's bfloat16 matmuls run
-    several times float32's rate; elsewhere they are emulated and slower."""
-    from sparsekv.core.cpu_paths import cpu_flags
-    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").strip().upper()
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags()) and cap not in _NO_BF16_ISAS
+    """Whether this process has bfloat16 dot products (`core.cpu_paths.bf16_dot_products`: the CPU's AVX512_BF16 or
+    AMX-BF16, and oneDNN not capped below them, as `--cpu alt` caps it at AVX2): there torch's bfloat16 matmuls run
+    several times float32's rate; elsewhere they are emulated and far slower."""
+    from sparsekv.core.cpu_paths import bf16_dot_products
+    return bf16_dot_products()
 
 
 def prefill_path(model, engine) -> str:

@@ -174,6 +174,22 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture
+def cpu_as(monkeypatch):
+    """cpu_as(flags, cap): this process's CPU as `core.cpu_paths` sees it, /proc/cpuinfo's `flags` and oneDNN's ISA
+    cap (ONEDNN_MAX_CPU_ISA; None: uncapped), for the tests of what each CPU-gated choice takes."""
+    from sparsekv.core import cpu_paths
+
+    def set_cpu(flags, cap):
+        monkeypatch.setattr(cpu_paths, "cpu_flags", lambda: set(flags))
+        monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+        if cap is None:
+            monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+        else:
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    return set_cpu
+
+
+@pytest.fixture
 def store():
     return make_store()
 

@@ -255,16 +255,10 @@ def test_a_run_as_an_avx2_machine_is_labelled_wherever_it_is_shown(tmp_path):
     ({"avx512_bf16"}, "avx512_core", False),             # below AVX512_CORE_BF16, whatever the case
     ({"avx2", "fma"}, None, False),                      # an AVX2-only CPU
 ])
-def test_the_bfloat16_prefill_is_chosen_only_where_this_process_has_bfloat16_dot_products(monkeypatch, flags, cap,
+def test_the_bfloat16_prefill_is_chosen_only_where_this_process_has_bfloat16_dot_products(cpu_as, flags, cap,
                                                                                           expected):
     from benchmarks import bench_vs_llamacpp as b
-    from sparsekv.core import cpu_paths
-    monkeypatch.setattr(cpu_paths, "cpu_flags", lambda: set(flags))
-    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
-    if cap is None:
-        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    else:
-        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    cpu_as(flags, cap)
     assert b.native_bf16() is expected
 
 

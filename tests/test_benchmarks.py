@@ -116,3 +116,27 @@ def test_the_llama_cpp_benchmark_times_the_prefill_attention_the_engine_did_not_
     assert other_prefill("bf16_prefill_f32_kernel") == ("torch", "sdpa")
     assert other_prefill("sdpa_amx") == ("cpp", "kernel")
     assert other_prefill("sdpa") is None
+
+
+def test_the_first_token_probe_records_both_picks_and_their_gaps(tmp_path):
+    """Only where llama.cpp is installed: every exact configuration and both sparsekv prefills on the same short
+    prompt, each pair's picks, gaps and KL; a pick that agrees has no gap, and the gaps are never negative (each side
+    prefers its own pick)."""
+    import pytest
+    pytest.importorskip("llama_cpp")
+    from benchmarks import bench_first_token, bench_vs_llamacpp
+    from sparsekv.model import fetch
+    if not fetch.model_path(fetch.SMOLLM2, bench_vs_llamacpp.ROOT).is_file():
+        pytest.skip("SmolLM2's GGUF is not fetched")
+    out = tmp_path / "ft.json"
+    assert bench_first_token.main(["--model", "smollm2", "--length", "200", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert set(d["sparsekv"]) == {"bfloat16", "float32"} and set(d["llamacpp"]) == {"fa0-f16", "fa1-f16"}
+    for gaps in [*d["sparsekv"].values(), d["sparsekv_bf16_vs_f32"], *d["llamacpp"].values()]:
+        for k, g in gaps.items():
+            if k == "sparsekv":
+                continue
+            assert g["gap_sparsekv"] >= 0 and g["gap_llamacpp"] >= 0 and g["kl"] >= -1e-9
+            assert (g["token"] == gaps["sparsekv"]) == (g["gap_sparsekv"] == 0 == g["gap_llamacpp"])
+    with pytest.raises(SystemExit):
+        bench_first_token.main(["--length", "1"])

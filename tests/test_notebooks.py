@@ -174,7 +174,8 @@ def assert_matches_baseline(stem, run, tmp_path, note=""):
 # Timing-free smoke notebooks whose metrics pass through float rounding into discrete decisions (routing top-k,
 # int8 codes, greedy answers): the ones a baseline recorded on one CPU would fail on another. 22 stands for the real
 # model against its peers (SmolLM2's routers, presses and HQQ on the same tokens), as 14 did until notebook 24
-# superseded 09, 14, 15, 17, 19, 20, 21 and 23 (moved to notebooks/archive/); 22's alt run takes about 20 s of CI.
+# superseded 09, 14, 15, 17, 19, 20, 21 and 23 (moved to notebooks/archive/); 22's alt run took 58 s of one worker
+# in make test (2026-12-07).
 SECOND_CONFIGURATION = ["01_dense_vs_sparse_baselines", "07_end_to_end_recall", "22_tail_loss"]
 
 

@@ -175,14 +175,9 @@ def fresh_detection():
     ({"avx2", "amx_bf16", "amx_tile"}, None, False, False),                    # the kernel denied the tile state
     ({"avx2", "avx512_bf16"}, None, True, False),                              # AVX512-BF16 without AMX
 ])
-def test_amx_detection_reads_the_flag_the_tiles_and_onednn_s_cap(monkeypatch, fresh_detection, flags, cap, tiles,
-                                                                 want):
-    monkeypatch.setattr(cpu_paths, "cpu_flags", lambda: set(flags))
-    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
-    if cap is None:
-        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    else:
-        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+def test_amx_detection_reads_the_flag_the_tiles_and_onednn_s_cap(monkeypatch, fresh_detection, cpu_as, flags, cap,
+                                                                 tiles, want):
+    cpu_as(flags, cap)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: tiles, raising=False)
     assert cpu_paths.amx_bf16() is want
 

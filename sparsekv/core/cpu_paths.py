@@ -67,6 +67,22 @@ _AMX_ISAS = ("ALL", "DEFAULT", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10
              "AVX10_2_512_AMX_2")
 
 
+# oneDNN's ISA levels below its first with bfloat16 dot products (AVX512_CORE_BF16)
+_NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def onednn_cap() -> str:
+    """oneDNN's ISA cap for this process, upper case: ONEDNN_MAX_CPU_ISA, else DNNL_MAX_CPU_ISA, else "ALL" (none)."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").strip().upper()
+
+
+def bf16_dot_products() -> bool:
+    """Whether this process's bfloat16 matmuls run on bfloat16 dot products: the CPU has AVX512_BF16 or AMX-BF16 and
+    oneDNN is not capped below them (`suite.cpuconfig`'s "alt" caps it at AVX2). Elsewhere ATen emulates them on one
+    thread, about 2 GFLOP/s against float32's 185 on an Intel Xeon capped at AVX2 (2026-12-07)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags()) and onednn_cap() not in _NO_BF16_ISAS
+
+
 @functools.lru_cache(maxsize=None)
 def amx_bf16() -> bool:
     """Whether this process's oneDNN may run bfloat16 products on AMX tiles: the CPU has AMX-BF16 (/proc/cpuinfo's
@@ -79,8 +95,7 @@ def amx_bf16() -> bool:
     process: oneDNN reads its cap once too."""
     if "amx_bf16" not in cpu_flags():
         return False
-    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").strip().upper()
-    if cap not in _AMX_ISAS:
+    if onednn_cap() not in _AMX_ISAS:
         return False
     import torch
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
