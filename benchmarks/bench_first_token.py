@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 
@@ -50,7 +49,7 @@ def main(argv=None) -> int:
     for c in args.llama_configs:                  # one context at a time: each holds its own K/V
         peer = LlamaCpp(path, args.length + 64, args.threads, CONFIGS[c])
         peer.eval(ids)
-        theirs[c] = torch.from_numpy(np.asarray(peer.last_logits())).float()
+        theirs[c] = torch.from_numpy(peer.last_logits()).float()
         del peer
         print(f"llama.cpp {c}: picks {int(theirs[c].argmax())}", flush=True)
     ours = {}

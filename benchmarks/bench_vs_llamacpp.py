@@ -292,12 +292,12 @@ def speed_case(name: str, path: Path, n: int, args, rates) -> dict:
         if r < args.repeats - 1:
             eng.finish(seq)                  # the last round's sequence is the one decode continues
     alt = None                               # its pool and model views go before decode
-    first = {c: int(np.argmax(p.last_logits())) for c, p in peers.items()}
+    last = {c: torch.from_numpy(p.last_logits()).float() for c, p in peers.items()}
+    first = {c: int(lg.argmax()) for c, lg in last.items()}
     last_ours = eng.last_logits(seq).float().flatten()
     first_ours = int(last_ours.argmax())
     case["same_first_token"] = all(t == first_ours for c, t in first.items() if CONFIGS[c].exact)
-    case["first_token"] = first_token_gaps(last_ours, {c: torch.from_numpy(np.asarray(p.last_logits())).float()
-                                                       for c, p in peers.items() if CONFIGS[c].exact})
+    case["first_token"] = first_token_gaps(last_ours, {c: lg for c, lg in last.items() if CONFIGS[c].exact})
 
     # 3. decode, interleaved rounds after an untimed one
     runs = {"dense": eng.fork(seq), "routed": eng.fork(seq), "dense_f32act": eng.fork(seq)}
