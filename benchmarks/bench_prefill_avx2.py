@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     if args.cpu == "alt" and not args.inner:
         # ATen reads ATEN_CPU_CAPABILITY when torch is imported: the measurement runs in a fresh process
         from sparsekv.suite import cpuconfig
-        env = {**os.environ, **cpuconfig.environment("alt"), "OMP_NUM_THREADS": str(args.threads)}
+        env = {**os.environ, **cpuconfig.environment("alt", threads=args.threads)}
         return subprocess.run([sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None
                                                                                  else sys.argv[1:]), "--inner"],
                               env=env, cwd=ROOT).returncode

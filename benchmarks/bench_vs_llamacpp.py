@@ -703,8 +703,7 @@ def main(argv=None) -> int:
         import subprocess
 
         from sparsekv.suite import cpuconfig
-        env = {**os.environ, **cpuconfig.environment("alt"), "OMP_NUM_THREADS": str(args.threads),
-               "MKL_NUM_THREADS": str(args.threads)}
+        env = {**os.environ, **cpuconfig.environment("alt", threads=args.threads)}
         return subprocess.run([sys.executable, "-m", "benchmarks.bench_vs_llamacpp",
                                *(argv if argv is not None else sys.argv[1:]), "--inner"], env=env, cwd=ROOT).returncode
     if args.llama_path is not None:

@@ -22,6 +22,18 @@ def test_alt_leaves_nothing_a_plain_avx2_machine_lacks():
         assert not cpuconfig.lacks_avx512(native), native
 
 
+def test_a_configuration_at_a_thread_count_changes_only_the_thread_counts():
+    """What `--cpu alt` benchmarks inherit (bench_vs_llamacpp, bench_prefill_avx2): the configuration, at their own
+    threads; a bad count is refused before anything runs."""
+    alt, at2 = cpuconfig.environment("alt"), cpuconfig.environment("alt", threads=2)
+    assert at2 == {**alt, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"} and alt["OMP_NUM_THREADS"] == "1"
+    assert cpuconfig.environment("native", threads=3) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
+    assert cpuconfig.environment("native") == {}
+    for bad in (0, -1, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="threads must be a positive int"):
+            cpuconfig.environment("alt", threads=bad)
+
+
 def test_lacks_avx512_reads_each_library_and_the_extension():
     plain = {"aten": "AVX2", "mkl": "Intel(R) AVX2", "onednn": "Intel AVX2", "extension_arch": "x86-64-v3",
              "bf16_prefill_kernel": False}

@@ -54,17 +54,24 @@ def alt_arch(flags: set[str] | None = None) -> str:
     return "x86-64-v3" if {"avx512f", "avx2", "fma"} <= flags else "x86-64"
 
 
-def environment(name: str) -> dict[str, str]:
-    """Environment variables that force configuration `name` (see the module docstring)."""
+def environment(name: str, threads: int | None = None) -> dict[str, str]:
+    """Environment variables that force configuration `name` (see the module docstring); with `threads`, OpenMP and
+    MKL at that many threads instead of the configuration's (a benchmark run as an AVX2 machine at its own count)."""
     if name not in CONFIGS:
         raise ValueError(f"name must be one of {list(CONFIGS)}, got {name!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
     if name == "native":
-        return {}
-    flags = cpu_flags()
-    return {"ATEN_CPU_CAPABILITY": "avx2" if "avx2" in flags else "default",
-            "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "SPARSEKV_CPU_ARCH": alt_arch(flags)}
+        env = {}
+    else:
+        flags = cpu_flags()
+        env = {"ATEN_CPU_CAPABILITY": "avx2" if "avx2" in flags else "default",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "SPARSEKV_CPU_ARCH": alt_arch(flags)}
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
 
 
 # What a process started with a configuration's environment actually runs: each library's own word for its ISA.
