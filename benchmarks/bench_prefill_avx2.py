@@ -9,7 +9,8 @@ keys (causal; Gemma's sliding layers also with their 512-token window, over the 
 reads them), for the attention shapes of the two models
 (their config.json: SmolLM2-135M 9 query heads over 3 kv heads of 64; Gemma 3 270M 4 over 1 of 256). Per case:
 
-    sdpa_float32    torch SDPA over float32 q, k, v (the engine's float32 prefill: attn_mask, enable_gqa)
+    sdpa_float32    torch SDPA over float32 q, k, v (the engine's float32 prefill until 2026-12-07: attn_mask,
+                    enable_gqa; since then it takes f32_kernel_float32 on every CPU: "auto_float32")
     sdpa_bfloat16   the same over bfloat16 (prefill="bfloat16" where no extension kernel applies: before this kernel,
                     every CPU without AVX512-BF16)
     f32_kernel_bfloat16  prefill_attn_f32 over the same bfloat16 values (prefill="bfloat16" on such a CPU now)
@@ -72,16 +73,16 @@ def _sdpa(q, k, v, window: int, N: int):
     return out[0].permute(1, 0, 2)
 
 
-def auto_path(Hq: int, H: int, D: int) -> str:
-    """What the engine's prefill attention ("auto") runs for a bfloat16 chunk of this shape over a bfloat16 store on
-    this CPU (`attention.decode.auto_prefill_path`)."""
+def auto_path(Hq: int, H: int, D: int, dtype=None) -> str:
+    """What the engine's prefill attention ("auto") runs for a chunk of this shape in `dtype` (bfloat16 by default)
+    over a bfloat16 store on this CPU (`attention.decode.auto_prefill_path`)."""
     import torch
 
     import sparsekv as sk
     from sparsekv.attention import decode
     store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=16, num_blocks=1,
                                          dtype=torch.bfloat16))
-    return decode.auto_prefill_path(torch.zeros(1, Hq, D, dtype=torch.bfloat16), store)
+    return decode.auto_prefill_path(torch.zeros(1, Hq, D, dtype=dtype or torch.bfloat16), store)
 
 
 def visible_keys(T: int, N: int, window: int) -> int:
@@ -132,6 +133,7 @@ def measure(args) -> dict:
                 if bf16_kernel:
                     case["bf16_kernel_vs_sdpa_bfloat16"] = case["sdpa_bfloat16_s"] / case["bf16_kernel_s"]
                 case["auto"] = auto_path(Hq, H, D)
+                case["auto_float32"] = auto_path(Hq, H, D, torch.float32)
                 cases.append(case)
                 print(f"{name:>13s} N={N:>6,} w={window:>3}: SDPA f32 {case['sdpa_float32_s'] * 1e3:8.1f} ms, "
                       f"SDPA bf16 {case['sdpa_bfloat16_s'] * 1e3:8.1f} ms, f32 kernel(bf16) "

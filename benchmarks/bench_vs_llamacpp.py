@@ -107,7 +107,8 @@ def native_bf16() -> bool:
 
 def prefill_path(model, engine) -> str:
     """What sparsekv's prefill attention runs in this run: `attention.decode.auto_prefill_path` for a chunk of this
-    model's queries in its prefill dtype ("sdpa_amx", "bf16_prefill_kernel", "bf16_prefill_f32_kernel" or "sdpa")."""
+    model's queries in its prefill dtype ("sdpa_amx", "bf16_prefill_kernel", "bf16_prefill_f32_kernel",
+    "f32_prefill_kernel" or "sdpa")."""
     from sparsekv.attention import decode
     c = model.config
     store = getattr(engine.store, "main", engine.store)              # a hybrid store: its global group's
@@ -116,9 +117,9 @@ def prefill_path(model, engine) -> str:
 
 def other_prefill(path: str) -> tuple[str, str] | None:
     """The prefill attention this run also times, for what the engine's choice buys: (backend, results key). SDPA
-    where "auto" takes a kernel; the extension's kernel where "auto" takes SDPA on AMX; None otherwise (a float32
-    prefill, or a CPU with neither)."""
-    if path in ("bf16_prefill_kernel", "bf16_prefill_f32_kernel"):
+    where "auto" takes a kernel (a float32 prefill's included); the extension's kernel where "auto" takes SDPA on AMX;
+    None otherwise (SDPA where the extension has no kernel for the chunk)."""
+    if path in ("bf16_prefill_kernel", "bf16_prefill_f32_kernel", "f32_prefill_kernel"):
         return "torch", "sdpa"
     if path == "sdpa_amx":
         return "cpp", "kernel"
@@ -355,6 +356,8 @@ def speed_case(name: str, path: Path, n: int, args, rates) -> dict:
               "routed_vs_llamacpp_exact": repeats.paired_ratio(dec["sparsekv_routed"], dec[best["tpot"]])}
     for k in lossy:                          # routed against each lossy K/V type: the comparison at fewer bytes
         ratios[f"routed_vs_{k}"] = repeats.paired_ratio(dec["sparsekv_routed"], dec[k])
+    if other:                                # the engine's prefill attention over the other, round with round
+        ratios[f"prefill_vs_sparsekv_{other[1]}"] = repeats.paired_ratio(pre["sparsekv"], pre[f"sparsekv_{other[1]}"])
     case["ratios"] = {k: {**v.as_dict(), "verdict": repeats.verdict(v)} for k, v in ratios.items()}
     # the scalar keys of earlier results (medians), for readers of both
     case.update(llamacpp_tpot_s=S["tpot"][best["tpot"]].median, llamacpp_prefill_s=S["prefill"][best["prefill"]].median,

@@ -287,3 +287,42 @@ def test_the_report_says_where_the_first_greedy_tokens_differ_and_by_how_much():
     assert report._first_token(old) == "m at 32,768 different (gaps not recorded in this run)"
     assert report._first_token(new) == ("m at 32,768 different (sparsekv picks 5; fa1-f16: llama.cpp picks 7, gap 0.031 "
                                         "in sparsekv's logits and 0.010 in llama.cpp's, KL 0.0012)")
+
+
+def test_what_the_float32_prefill_kernel_buys_is_paired_where_recorded_else_spans_the_far_ends():
+    """A float32-prefill run whose engine took its own kernel renders kernel / SDPA: the paired ratio where the run
+    records it, else the medians' ratio with the interval from the far ends (kernel 8-12 s over SDPA 10-16 s:
+    0.5-1.2); other runs render nothing."""
+    from benchmarks import report
+
+    def s(m, lo, hi):
+        return {"median": m, "lo": lo, "hi": hi, "n": 3, "coverage": 0.75}
+    case = {"model": "m", "length": 16384, "prefill_attention": "f32_prefill_kernel",
+            "prefill_s": {"sparsekv": s(9.0, 8.0, 12.0), "sparsekv_sdpa": s(12.0, 10.0, 16.0)}}
+    old = report._kernel_buys({"cases": [case]})
+    assert old[-1] == ("| m | 16,384 | 12.0 [10.0-16.0] s | 9.0 [8.0-12.0] s | 0.75 [0.50-1.20] | medians; interval "
+                       "from the far ends |")
+    new = report._kernel_buys({"cases": [{**case, "ratios": {"prefill_vs_sparsekv_sdpa": s(0.76, 0.74, 0.8)}}]})
+    assert new[-1].endswith("| 0.76 [0.74-0.80] | rounds, paired |")
+    assert report._kernel_buys({"cases": [{**case, "prefill_attention": "sdpa_amx"}]}) == []
+
+
+def test_the_held_weights_table_gives_each_case_its_ratio_verdict_and_bytes(tmp_path):
+    import json
+
+    from benchmarks import report
+
+    def s(m, lo, hi):
+        return {"median": m, "lo": lo, "hi": hi, "n": 4, "coverage": 0.875}
+    d = {"cpu": "C", "threads": 2, "date": "2026-12-07", "chunk": 512, "repeats": 4, "warmup": "w", "order": "o",
+         "skipped_prefills": {"bfloat16": "no bfloat16 dot products in this process"},
+         "cases": [{"model": "m", "prefill": "float32", "length": 8192, "held_bytes": 3 * 2**20,
+                    "held_s": s(9.0, 8.5, 9.5), "unheld_s": s(10.0, 9.8, 10.4),
+                    "held_vs_unheld": {**s(0.9, 0.88, 0.93), "verdict": "faster"}}]}
+    path = tmp_path / "held_weights.json"
+    path.write_text(json.dumps(d))
+    text = report.held_weights_table(path)
+    assert "bfloat16 not run: no bfloat16 dot products" in text
+    assert text.splitlines()[-1] == ("| m | float32 | 8,192 | 9.00 [8.50-9.50] s | 10.00 [9.80-10.40] s | "
+                                     "0.90 [0.88-0.93] faster | 3 MiB |")
+    assert report.held_weights_table(tmp_path / "absent.json") == ""

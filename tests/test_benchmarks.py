@@ -110,10 +110,11 @@ def test_the_prefill_benchmark_runs_as_an_avx2_machine_and_says_which(tmp_path):
 
 def test_the_llama_cpp_benchmark_times_the_prefill_attention_the_engine_did_not_take():
     """What the engine's prefill attention buys is measured against the other one: SDPA where "auto" takes a kernel,
-    the kernel where it takes SDPA on AMX, nothing for a float32 prefill."""
+    the kernel where it takes SDPA on AMX (a float32 prefill's kernel too), nothing where "auto" takes plain SDPA."""
     from benchmarks.bench_vs_llamacpp import other_prefill
     assert other_prefill("bf16_prefill_kernel") == ("torch", "sdpa")
     assert other_prefill("bf16_prefill_f32_kernel") == ("torch", "sdpa")
+    assert other_prefill("f32_prefill_kernel") == ("torch", "sdpa")
     assert other_prefill("sdpa_amx") == ("cpp", "kernel")
     assert other_prefill("sdpa") is None
 
@@ -140,3 +141,23 @@ def test_the_first_token_probe_records_both_picks_and_their_gaps(tmp_path):
             assert (g["token"] == gaps["sparsekv"]) == (g["gap_sparsekv"] == 0 == g["gap_llamacpp"])
     with pytest.raises(SystemExit):
         bench_first_token.main(["--length", "1"])
+
+
+def test_the_held_weights_benchmark_times_both_and_records_the_bytes_held(tmp_path):
+    """SmolLM2 at 600 tokens in chunks of 256 (3 chunks), float32, 2 rounds: both variants timed in every round, the
+    paired ratio with a verdict, and the bytes held equal to the W a prefill chunk multiplies by, in float32: per
+    layer q, k, v (dim x (Hq + 2 H) D), o ((Hq D) x dim), gate and up (dim x 2 I) and down (I x dim); the lm_head
+    multiplies one row, through the decode kernel, and holds nothing."""
+    from benchmarks import bench_held_weights
+    out = tmp_path / "held.json"
+    assert bench_held_weights.main(["--quick", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    (case,) = d["cases"]
+    assert case["chunks"] == 3 and case["held_s"]["n"] == case["unheld_s"]["n"] == 2
+    assert case["held_vs_unheld"]["verdict"] in ("faster", "slower", "tie")
+    import sparsekv as sk
+    from benchmarks.bench_vs_llamacpp import model_file
+    c = sk.load_model(model_file("smollm2", 1)[0], weights="gguf").config
+    per_layer = c.dim * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads * c.head_dim * c.dim \
+        + 3 * c.dim * c.intermediate_size
+    assert case["held_bytes"] == 4 * c.n_layers * per_layer

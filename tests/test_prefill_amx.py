@@ -79,7 +79,7 @@ def _kernel_runs(monkeypatch, path: str, **kw) -> list:
     store, seq, *_ = _store(1, 64, 40, seed=2)
     q = torch.randn(8, 2, 64).bfloat16()
     called = []
-    monkeypatch.setattr(decode, "_bf16_prefill_kernel",
+    monkeypatch.setattr(decode, "_prefill_kernel",
                         lambda q, s: (path, lambda *a: called.append(1) or torch.zeros(q.shape)))
     decode.prefill_attention(q, store, seq, 0, **kw)
     assert decode.auto_prefill_path(q, store) == ("sdpa_amx" if cpu_paths.amx_bf16() else path)
@@ -99,14 +99,18 @@ def test_without_amx_auto_keeps_the_extension_kernel(no_amx, monkeypatch):
 
 
 def test_float32_and_int8_chunks_are_untouched_by_amx(amx):
-    """The float32 prefill (every smoke notebook's) records no gated path with AMX on, and gives the bits it gives
-    without; an int8 store keeps the torch path it always took."""
+    """The float32 prefill (every smoke notebook's) records no gated path with AMX on and takes the extension's float32
+    kernel, the bits it gives without AMX; an int8 store keeps the torch path it always took."""
     store, seq, *_ = _store(2, 32, 70, seed=4, dtype=torch.float32)
     q = torch.randn(11, 4, 32)
     out = decode.prefill_attention(q, store, seq, 0)
     assert cpu_paths.taken() == []
-    assert torch.equal(out, decode.prefill_attention(q, store, seq, 0, backend="torch"))
-    assert decode.auto_prefill_path(q, store) == "sdpa"
+    if cpu_decode.available():
+        k, v = store.gather(seq, 0)
+        assert torch.equal(out, cpu_decode.prefill_attn_f32(q, k, v, 70 - 11, 0, 0, 32 ** -0.5))
+        assert decode.auto_prefill_path(q, store) == "f32_prefill_kernel"
+    else:
+        assert torch.equal(out, decode.prefill_attention(q, store, seq, 0, backend="torch"))
     qstore = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=2, head_dim=32, block_size=16, num_blocks=8,
                                           kv_bits=8))
     qseq = qstore.new_sequence()

@@ -1,5 +1,5 @@
 """The float32 prefill attention kernel (`cpu/prefill_attn_f32.cpp`, `cpu_decode.prefill_attn_f32`) against float64,
-and the engine's choice of it for a bfloat16 chunk where AVX512-BF16 is missing.
+and the engine's choice of it: for every float32 chunk, and for a bfloat16 chunk where AVX512-BF16 is missing.
 
 The bound, derived from the arithmetic (u = 2^-24, float32's unit roundoff; gamma(n) = n u / (1 - n u)):
   1. Scores. q and K are float32 or bf16 (widened exactly). s_ij = scale * (q_i . K_j) is a chain of D fmas, then one
@@ -209,21 +209,62 @@ def test_without_avx512_bf16_the_engine_s_bf16_chunks_take_it(monkeypatch, windo
     cpu_paths.reset()
 
 
-def test_float32_chunks_keep_the_torch_path(monkeypatch):
-    """Only bf16 chunks take a kernel: the float32 prefill (every smoke notebook's) keeps SDPA and records nothing;
-    a bf16 chunk with a head dim off the 16-lane grid keeps SDPA too (and records that gated path)."""
+@pytest.mark.parametrize("storage,window,with_fresh", [(torch.float32, 0, True), (torch.bfloat16, 24, True),
+                                                        (torch.bfloat16, 0, False), (torch.float32, 31, False)])
+def test_float32_chunks_take_it_on_every_cpu(monkeypatch, storage, window, with_fresh):
+    """The engine's float32 prefill (every smoke notebook's) takes this kernel, whatever the CPU has: "auto" and "cpp"
+    alike, no gated path recorded (its bits are the same on every instruction set and thread count), the stored K/V
+    read as stored (bf16 widened exactly) and the chunk's fresh K/V in float32, within the derived bound of the
+    float64 reference of those same values."""
+    H, G, D, T, n = 2, 3, 48, 45, 190
+    store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=16, num_blocks=32,
+                                         dtype=storage))
+    g = torch.Generator().manual_seed(7)
+    seq = store.new_sequence()
+    k, v = torch.randn(n, H, D, generator=g), torch.randn(n, H, D, generator=g)
+    store.append(seq, k[None].to(storage), v[None].to(storage))
+    fresh = (k[-T:], v[-T:]) if with_fresh else None
+    q = torch.randn(T, H * G, D, generator=g) * 2
+
+    def boom(*a, **kw):
+        raise AssertionError("the torch path ran where the float32 prefill kernel should have")
+    monkeypatch.setattr(decode, "_prefill_torch", boom)
+    kk, vv = decode._prefill_kv(q, store, seq, 0, fresh)                      # [n, H, D]: what the kernel reads
+    assert kk.dtype == (torch.float32 if with_fresh else storage)
+    start = decode._prefill_start(n, T, window)
+    ref = exact(q, kk[start:], vv[start:], n - T, start, window)
+    for backend in ("auto", "cpp"):              # the window as a hybrid store's view passes it
+        cpu_paths.reset()
+        out = decode._implementation("prefill", backend, q, store)(q, store, seq, 0, fresh, window)
+        assert cpu_paths.taken() == [] and out.dtype == torch.float32
+        assert bool(((out.double() - ref).abs() <= bound(q, kk[start:], vv[start:])).all())
+    assert decode.auto_prefill_path(q, store) == "f32_prefill_kernel"
+
+
+def test_what_keeps_the_torch_path(monkeypatch):
+    """A float32 chunk with a head dim off the 16-lane grid and a bf16 chunk off the grid keep SDPA (the second
+    records that gated path); a float64 chunk keeps the reference; a float32 chunk over float16 storage keeps SDPA. (Where the extension is not built, "auto" resolves
+    to the torch backend before any of this.)"""
     calls = []
     real = decode._prefill_torch
     monkeypatch.setattr(cpu_decode, "bf16_prefill_available", lambda: False)
     monkeypatch.setattr(decode, "_prefill_torch", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     cpu_paths.reset()
-    store, seq, *_ = _bf16_store(1, 64, 40, seed=1)
-    decode.prefill_attention(torch.randn(8, 2, 64), store, seq, 0, backend="cpp")
-    assert len(calls) == 1 and cpu_paths.taken() == []
     store, seq, *_ = _bf16_store(1, 40, 40, seed=2)
+    decode.prefill_attention(torch.randn(8, 2, 40), store, seq, 0, backend="cpp")
+    assert len(calls) == 1 and cpu_paths.taken() == []
     decode.prefill_attention(torch.randn(8, 2, 40).bfloat16(), store, seq, 0, backend="cpp")
     assert len(calls) == 2 and cpu_paths.taken() == ["bf16_prefill_sdpa"]
     cpu_paths.reset()
+    store, seq, *_ = _bf16_store(1, 64, 40, seed=1)
+    decode.prefill_attention(torch.randn(8, 2, 64).double(), store, seq, 0, backend="cpp")
+    assert len(calls) == 3 and cpu_paths.taken() == []
+    half = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, num_blocks=8,
+                                        dtype=torch.float16))
+    hseq = half.new_sequence()
+    half.append(hseq, torch.randn(1, 40, 1, 64).half(), torch.randn(1, 40, 1, 64).half())
+    decode.prefill_attention(torch.randn(8, 2, 64), half, hseq, 0, backend="cpp")
+    assert len(calls) == 4 and cpu_paths.taken() == []
 
 
 AVX2_SCRIPT = r"""

@@ -119,10 +119,12 @@ def test_the_engine_s_bf16_chunks_take_it_and_agree_with_the_reference(monkeypat
         assert torch.equal(decode.prefill_attention(q, store, seq, 0, backend="cpp", fresh=fresh), out)
 
 
-def test_float32_chunks_and_odd_head_dims_keep_the_torch_path(monkeypatch):
-    """Only bf16 queries with a head dim a multiple of 32 take the kernel: the float32 mode's numbers are unchanged."""
+def test_float32_chunks_and_odd_head_dims_never_take_it(monkeypatch):
+    """Only bf16 queries with a head dim a multiple of 32 take this kernel: a float32 chunk takes the float32 kernel
+    (tests/test_prefill_f32_kernel.py), a bf16 chunk of head dim 40 SDPA."""
     calls = []
     real = decode._prefill_torch
+    monkeypatch.setattr(cpu_decode, "prefill_attn_bf16", lambda *a: pytest.fail("prefill_attn_bf16 ran"))
     monkeypatch.setattr(decode, "_prefill_torch", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for D, dtype in ((64, torch.float32), (40, torch.bfloat16)):
         store = sk.BlockStore(sk.StoreConfig(num_layers=1, num_kv_heads=1, head_dim=D, block_size=16, num_blocks=8,
@@ -130,7 +132,7 @@ def test_float32_chunks_and_odd_head_dims_keep_the_torch_path(monkeypatch):
         seq = store.new_sequence()
         store.append(seq, torch.randn(1, 40, 1, D).bfloat16(), torch.randn(1, 40, 1, D).bfloat16())
         decode.prefill_attention(torch.randn(8, 2, D).to(dtype), store, seq, 0, backend="cpp")
-    assert len(calls) == 2
+    assert len(calls) == 1
 
 
 def test_strided_inputs_give_what_contiguous_ones_give():

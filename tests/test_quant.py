@@ -361,3 +361,90 @@ def test_smollm2_bfloat16_prefill_keeps_the_float32_prefill_s_answers():
         a, b = last["float32", i], last["bfloat16", i]
         kl = torch.nn.functional.kl_div(b.log_softmax(-1), a.log_softmax(-1), log_target=True, reduction="sum")
         assert 0 < float(kl) < 1e-2 and int(a.argmax()) == int(b.argmax()), (i, float(kl))
+
+
+# -- the weights a prefill holds (quant.held_weights) -----------------------------------------------------------------
+
+@kernel_only
+@pytest.mark.parametrize("prefill", ["float32", "bfloat16"])
+def test_a_held_weight_is_dequantised_once_gives_the_same_bits_and_is_freed(monkeypatch, prefill):
+    """Within `held_weights` a prefill chunk dequantises W at its first chunk only, in the prefill dtype; each chunk's
+    output is bit for bit the unheld one's; on exit (also by an exception) nothing stays held, and a nested block
+    keeps the outer one's hold. A decode row holds nothing."""
+    g = torch.Generator().manual_seed(5)
+    lin = quant.QuantLinear(random_weight(4, 32, "plain", "plain", 40, 96, g))
+    model = torch.nn.Sequential(lin)
+    quant.set_prefill(model, prefill)
+    chunks = [torch.randn(quant.DECODE_ROWS + 3 + i, 96, generator=g) for i in range(3)]
+    want = [lin(x) for x in chunks]
+    calls = []
+    real = lin.dequantized
+    monkeypatch.setattr(lin, "dequantized", lambda: calls.append(1) or real())
+    with quant.held_weights(model):
+        assert quant.held_bytes(model) == 0
+        lin(torch.randn(1, 96, generator=g))                             # a decode row: the kernel, nothing held
+        assert quant.held_bytes(model) == 0
+        got = [lin(x) for x in chunks]
+        with quant.held_weights(model):
+            lin(chunks[0])
+        assert quant.held_bytes(model) == 40 * 96 * (4 if prefill == "float32" else 2)      # the outer hold survives
+        assert lin._held.dtype == quant.PREFILL[prefill]
+    assert len(calls) == 1 and quant.held_bytes(model) == 0
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(RuntimeError, match="boom"):
+        with quant.held_weights(model):
+            lin(chunks[0])
+            raise RuntimeError("boom")
+    assert quant.held_bytes(model) == 0 and not lin._hold
+
+
+def test_changing_the_prefill_dtype_drops_a_held_weight():
+    """set_prefill inside a hold: the next chunk dequantises anew, in the new dtype."""
+    g = torch.Generator().manual_seed(6)
+    lin = quant.QuantLinear(random_weight(4, 32, "plain", "plain", 24, 64, g))
+    x = torch.randn(quant.DECODE_ROWS + 2, 64, generator=g)
+    with quant.held_weights(lin):
+        lin(x)
+        lin.set_prefill("bfloat16")
+        assert lin._held is None
+        y = lin(x)
+        assert lin._held.dtype == torch.bfloat16
+    lin2 = quant.QuantLinear(random_weight(4, 32, "plain", "plain", 24, 64, torch.Generator().manual_seed(6)))
+    lin2.set_prefill("bfloat16")
+    assert torch.equal(y, lin2(x))
+
+
+@kernel_only
+def test_an_engine_prefill_of_several_chunks_holds_the_weights_and_keeps_its_logits():
+    """SmolLM2 in gguf mode, 300 tokens in chunks of 64 (5 chunks): a bfloat16 prefill dequantises every QuantLinear
+    once for the whole prompt, gives the last logits of the same prefill without the hold bit for bit, and holds
+    nothing after the call; a float32 prefill (where holding measured a tie) and hold_weights=False dequantise once
+    per chunk."""
+    path = _smollm2()
+    tok = sk.load_tokenizer(path)
+    from sparsekv.analysis import corpus
+    ids = [tok.bos_token_id] + corpus.take(tok, corpus.haystack("prose"), 299)
+    model = sk.load_model(path, weights="gguf", prefill="bfloat16")
+    real = quant.QuantLinear.dequantized
+
+    def prefill(**kw):
+        counts = {}
+
+        def counted(self):
+            counts[id(self)] = counts.get(id(self), 0) + 1
+            return real(self)
+        quant.QuantLinear.dequantized = counted
+        try:
+            eng = sk.Engine(model, chunk_size=64, progress=False, **kw)
+            seq = eng.new_sequence()
+            return eng.prefill(seq, ids), set(counts.values())
+        finally:
+            quant.QuantLinear.dequantized = real
+    held, once = prefill()
+    assert once == {1} and quant.held_bytes(model) == 0
+    plain, each = prefill(hold_weights=False)
+    assert each == {5} and torch.equal(held, plain)
+    quant.set_prefill(model, "float32")
+    assert prefill()[1] == {5}
+    with pytest.raises(TypeError, match="hold_weights must be a bool"):
+        sk.Engine(model, hold_weights=1)

@@ -123,8 +123,9 @@ def prefill_attention(q: torch.Tensor, store, seq: Sequence, layer: int,
     A sliding-window layer (`store.view(seq, layer).window` w > 0: a hybrid model's) reads only the keys its
     queries can see, [N - T - w + 1, N), and masks each query's to 0 <= i - j < w: O(T * (T + w)) per chunk.
 
-    "auto" on the CPU: a bfloat16 chunk takes SDPA where oneDNN runs AMX tiles (`_amx_sdpa`), else the extension's
-    prefill kernel for this CPU (`_bf16_prefill_kernel`), else SDPA; `auto_prefill_path` names the choice.
+    "auto" on the CPU: a float32 chunk takes the extension's float32 kernel (the same bits on every CPU); a bfloat16
+    chunk takes SDPA where oneDNN runs AMX tiles (`_amx_sdpa`), else the extension's prefill kernel for this CPU
+    (`_prefill_kernel`), else SDPA; `auto_prefill_path` names the choice.
     """
     v = store.view(seq, layer)
     if backend == "auto" and _amx_sdpa(q, v.store):
@@ -142,14 +143,14 @@ def _amx_sdpa(q: torch.Tensor, store) -> bool:
 
 def auto_prefill_path(q: torch.Tensor, store) -> str:
     """What backend "auto" runs for a prefill chunk like `q` over `store` on this CPU (a name for results):
-    "sdpa_amx" (SDPA on AMX tiles), "bf16_prefill_kernel" or "bf16_prefill_f32_kernel" (the extension's), or
-    "sdpa"."""
+    "sdpa_amx" (SDPA on AMX tiles), "bf16_prefill_kernel" or "bf16_prefill_f32_kernel" (the extension's, for a
+    bfloat16 chunk), "f32_prefill_kernel" (prefill_attn_f32 for a float32 chunk), or "sdpa"."""
     if _amx_sdpa(q, store):
         return "sdpa_amx"
     if resolve("auto", q) == "cpp":
-        kernel = _bf16_prefill_kernel(q, store)
+        kernel = _prefill_kernel(q, store)
         if kernel is not None:
-            return kernel[0]
+            return kernel[0] or "f32_prefill_kernel"
     return "sdpa"
 
 
@@ -434,17 +435,29 @@ def _prefill_torch(q, store, seq, layer, fresh=None, window: int = 0):
     return _prefill_sdpa(q, store, seq, layer, fresh, window)
 
 
-def _bf16_prefill_kernel(q, store):
-    """The extension's kernel for a bfloat16 chunk on this CPU, as (gated path, op), or None (the torch path).
+def _prefill_kernel(q, store):
+    """The extension's kernel for this prefill chunk on this CPU, as (gated path or None, op), or None (the torch path).
 
+    A float32 chunk over float32 or bfloat16 storage with a head dim a multiple of 16 takes prefill_attn_f32 on every
+    CPU: it computes the same bits on every instruction set and at every thread count (tests/test_cpu_kernel.py), so
+    it is no gated path (None) and a smoke baseline may rest on it. It is the fast path wherever the build has AVX2 +
+    FMA (every CPU measured: benchmarks/results/prefill_avx2.json, prefill_native_xeon.json); a plain x86-64 build
+    runs it in slow loops, still the same bits.
+
+    A bfloat16 chunk (gated: its kernel depends on the CPU, `core.cpu_paths`):
     1. prefill_attn_bf16 where it is built (AVX512-BF16 pair products) and the head dim is a multiple of 32;
     2. else prefill_attn_f32 where it is vectorised (AVX2 + FMA or AVX-512) and the head dim a multiple of 16;
-    3. else SDPA. Only bf16 chunks over float storage on the CPU: the float32 prefill (every smoke notebook's) and
-       float64 never take a kernel, so a committed smoke number never depends on which one this CPU has."""
+    3. else SDPA.
+    A float64 chunk (the reference's) and int8 storage never take a kernel."""
     from ..kernels import cpu_decode
-    if q.dtype != torch.bfloat16 or store.quantized or q.device.type != "cpu":
+    if q.device.type != "cpu" or store.quantized:
         return None
     D = q.shape[-1]
+    if q.dtype == torch.float32:
+        ok = D % 16 == 0 and store.k.dtype in (torch.float32, torch.bfloat16)      # read as stored: no fp16 in it
+        return (None, cpu_decode.prefill_attn_f32) if ok else None
+    if q.dtype != torch.bfloat16:
+        return None
     if D % 32 == 0 and cpu_decode.bf16_prefill_available():
         return "bf16_prefill_kernel", cpu_decode.prefill_attn_bf16
     if D % 16 == 0 and cpu_decode.f32_prefill_vectorized():
@@ -453,19 +466,23 @@ def _bf16_prefill_kernel(q, store):
 
 
 def _prefill_cpp(q, store, seq, layer, fresh=None, window: int = 0):
-    """A bfloat16 chunk (the gguf mode's bfloat16 prefill) through the extension's prefill kernel for this CPU
-    (`_bf16_prefill_kernel`: GQA folded into the rows, float32 scores and sums); every other call takes the torch
-    path."""
-    kernel = _bf16_prefill_kernel(q, store)
+    """A float32 or bfloat16 chunk through the extension's prefill kernel for this CPU (`_prefill_kernel`: GQA folded
+    into the rows, float32 scores and sums, only the keys in the causal and window ranges read); every other call
+    takes the torch path. A float32 chunk reads the stored K/V as they are (bf16 widened exactly in the kernel, as
+    SDPA's path widens them) and its own fresh K/V in float32."""
+    kernel = _prefill_kernel(q, store)
     if kernel is None:
         return _prefill_torch(q, store, seq, layer, fresh, window)
     path, op = kernel
     _check_prefill_args(q, store, seq, layer)
-    cpu_paths.take(path)
+    if path is not None:
+        cpu_paths.take(path)
     T, N = q.shape[0], seq.num_tokens
     start = _prefill_start(N, T, window)
-    k, v = _prefill_kv(q, store, seq, layer, fresh, start, dtype=torch.bfloat16)    # [N - start, H, D]
-    out = op(q, k, v, N - T, start, window, 1.0 / math.sqrt(q.shape[-1]))
+    k, v = _prefill_kv(q, store, seq, layer, fresh, start, dtype=torch.bfloat16 if q.dtype == torch.bfloat16 else None)
+    if k.dtype not in (torch.float32, torch.bfloat16):         # fresh K/V in another dtype: promoted as SDPA's path
+        k, v = k.float(), v.float()
+    out = op(q, k, v, N - T, start, window, 1.0 / math.sqrt(q.shape[-1]))      # [T, Hq, D] float32
     return out.to(q.dtype)
 
 

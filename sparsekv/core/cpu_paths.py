@@ -5,8 +5,9 @@ any thread count (tests/baselines/tolerances.yaml). The paths whose results diff
 each held to that rule its own way:
 
 1. Same bits as the fallback: the extension's SIMD paths (AVX-512, AVX2 + FMA, portable loops; `kernels/cpu/simd.h`
-   fixes the reduction order) and its int8 dot products (VNNI or plain integer loops). tests/test_cpu_kernel.py
-   compares a build for another -march with this one, bit for bit.
+   fixes the reduction order), its int8 dot products (VNNI or plain integer loops) and its float32 prefill kernel,
+   which every float32 chunk takes (`attention.decode._prefill_kernel`). tests/test_cpu_kernel.py compares a build
+   for another -march with this one, bit for bit.
 2. Float32 rounding only: ATen's vectorised kernels, MKL's and oneDNN's float32 GEMMs, chosen by ISA and thread
    count. A baseline holds a tolerance derived from the spread measured between `suite.cpuconfig`'s two
    configurations when it was recorded (`suite.regression`).

@@ -13,6 +13,7 @@ router (per engine, or per `decode` call) and `sparse_attention`.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -29,6 +30,7 @@ from ..routing.selectors import ranked_blocks
 from ..storage.hybrid import make_store
 from ..storage.store import Sequence, StoreConfig
 from .model import Model
+from .quant import held_weights
 
 _ENGINE_DEFAULT = object()
 
@@ -115,9 +117,15 @@ class EngineConfig:
                                                #   it applies (`model.fused`: gguf weights, a plain store); False:
                                                #   always the general path (the per-layer reference)
     prefill_backend: str = "auto"              # a prefill chunk's attention (`attention.decode.prefill_attention`):
-                                               #   "auto": a bf16 chunk (gguf weights' bfloat16 prefill) takes
-                                               #   SDPA where oneDNN has AMX tiles, else the extension's kernel
-                                               #   for this CPU; "cpp" always the kernel, "torch" always SDPA
+                                               #   "auto": a float32 chunk takes the extension's float32
+                                               #   kernel; a bf16 chunk (gguf weights' bfloat16 prefill) SDPA
+                                               #   where oneDNN has AMX tiles, else the extension's kernel for
+                                               #   this CPU; "cpp" always a kernel, "torch" always SDPA
+    hold_weights: bool = True                  # a bfloat16 prefill of several chunks dequantises gguf weights
+                                               #   once and holds them for the call (`quant.held_weights`: the
+                                               #   layers' W in bfloat16, freed after); False: per chunk. A
+                                               #   float32 prefill never holds: measured a tie at twice the bytes
+                                               #   (benchmarks/bench_held_weights.py)
 
     def __post_init__(self):
         if not isinstance(self.store, StoreConfig):
@@ -126,8 +134,9 @@ class EngineConfig:
         check_int("dense_layers", self.dense_layers, lo=0)
         check_int("prefetch", self.prefetch, lo=0)
         check_choice("prefill_backend", self.prefill_backend, ("auto", "torch", "reference", "cpp"))
-        if not isinstance(self.fused_decode, bool):
-            raise TypeError(f"fused_decode must be a bool, got {type(self.fused_decode).__name__}")
+        for name in ("fused_decode", "hold_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.prefetch and not self.store.tiered:
             raise ValueError("prefetch reads ahead from a cold tier: set cold_dir (and hot_blocks) too")
 
@@ -257,7 +266,9 @@ class Engine:
 
         On an empty sequence with a prefix cache, the longest cached prefix is reused and only
         the rest is computed; `stats(seq)` reports cached against computed tokens. Starts a turn:
-        `stats(seq).ttft_s` is this call's wall time.
+        `stats(seq).ttft_s` is this call's wall time. A bfloat16 prefill of several chunks dequantises a GGUF model's
+        weights once, holding them for this call (`quant.held_weights`), rather than once per chunk
+        (`config.hold_weights`).
         """
         st = self._state(seq)
         ids = self._as_ids(token_ids)
@@ -275,10 +286,12 @@ class Engine:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(todo), desc="prefill", unit="tok", leave=False)
         logits = None
-        for chunk in chunks:
-            logits = self._forward(seq, chunk, attend=self._prefill_attend(seq))
-            if bar is not None:
-                bar.update(len(chunk))
+        hold = self.config.hold_weights and len(chunks) > 1 and self.model.prefill_dtype is not torch.float32
+        with held_weights(self.model) if hold else contextlib.nullcontext():             # W dequantised once
+            for chunk in chunks:
+                logits = self._forward(seq, chunk, attend=self._prefill_attend(seq))
+                if bar is not None:
+                    bar.update(len(chunk))
         if bar is not None:
             bar.close()
         st.next_logits = logits[0]

@@ -1,0 +1,121 @@
+"""What holding the dequantised weights for a prefill buys (`quant.held_weights`), for each prefill dtype.
+
+    python -m benchmarks.bench_held_weights                        # Gemma 3 270M at 2k and 8k, each prefill dtype
+    python -m benchmarks.bench_held_weights --quick                # SmolLM2 at 600 tokens, float32, 2 rounds (tests)
+
+A gguf model's prefill chunk multiplies by W dequantised from the file's codes (`quant.QuantLinear`). Without a
+hold, every 512-token chunk dequantises every W again (and rounds it to bfloat16 for a bfloat16 prefill); inside
+`quant.held_weights`, a prompt dequantises each W once and frees it after. Both give the same bits
+(tests/test_quant.py); this measures the time, and the memory the hold costs while a prefill runs (the layers' W in
+the prefill dtype, `quant.held_bytes`). The Engine holds where this measured a gain: a bfloat16 prefill
+(`EngineConfig.hold_weights`); it is measured here for both dtypes by wrapping the prefill of an engine that does not
+hold itself (hold_weights=False) in the block.
+
+Per (model, prefill dtype, length): one untimed prefill of each, then --repeats rounds, each timing a prefill with the
+hold and one without, in alternating order; the result is each one's median with its min-max (`repeats.Spread`) and
+the paired ratio held / unheld with its verdict (5% margin). A bfloat16 prefill is run only where this process has
+bfloat16 dot products (elsewhere its matmuls are emulated: `core.cpu_paths.bf16_dot_products`). This machine is shared:
+the ratio, paired round by round, is the number to read. Results: benchmarks/results/held_weights.json.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:          # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+CHUNK = 512                            # the engine's prefill chunk (EngineConfig.chunk_size)
+
+
+def case(model, name: str, prefill: str, ids: list[int], args) -> dict:
+    import torch
+
+    import sparsekv as sk
+    from benchmarks import repeats
+    from sparsekv.model import quant
+    quant.set_prefill(model, prefill)
+    eng = sk.Engine(model, block_size=16, num_blocks=len(ids) // 16 + 96, chunk_size=args.chunk, progress=False,
+                    kv_dtype=torch.bfloat16, hold_weights=False)
+    held = []
+
+    def run(hold: bool) -> float:
+        seq = eng.new_sequence()
+        with quant.held_weights(model) if hold else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            eng.prefill(seq, ids)
+            dt = time.perf_counter() - t0
+            held.append(quant.held_bytes(model))                # before the block frees them
+        eng.finish(seq)
+        return dt
+    run(True), run(False)                                        # warm-up, untimed
+    times = {"held": [], "unheld": []}
+    for r in range(args.repeats):
+        for k in (("held", "unheld") if r % 2 == 0 else ("unheld", "held")):
+            times[k].append(run(k == "held"))
+    ratio = repeats.paired_ratio(times["held"], times["unheld"])
+    out = {"model": name, "prefill": prefill, "length": len(ids), "chunks": -(-len(ids) // args.chunk),
+           "held_bytes": max(held), **{f"{k}_s": repeats.spread(v).as_dict() for k, v in times.items()},
+           "held_vs_unheld": {**ratio.as_dict(), "verdict": repeats.verdict(ratio)}}
+    print(f"{name} {prefill} {len(ids):>6,}: held {out['held_s']['median']:.2f} s, unheld "
+          f"{out['unheld_s']['median']:.2f} s, held / unheld {ratio.median:.3f} [{ratio.lo:.3f}-{ratio.hi:.3f}] "
+          f"{out['held_vs_unheld']['verdict']}; holds {out['held_bytes'] / 2**20:.0f} MiB while it runs", flush=True)
+    return out
+
+
+def measure(args) -> dict:
+    import torch
+
+    import sparsekv as sk
+    from benchmarks.bench_vs_llamacpp import model_file, prompt_ids
+    from sparsekv.core.cpu_paths import bf16_dot_products
+    from sparsekv.suite import cpuconfig
+    torch.set_num_threads(args.threads)
+    prefills = [p for p in args.prefills if p == "float32" or bf16_dot_products()]
+    skipped = sorted(set(args.prefills) - set(prefills))
+    cases = []
+    for name in args.models:
+        path, _ = model_file(name, args.threads)
+        tok = sk.load_tokenizer(path)
+        model = sk.load_model(path, weights="gguf")
+        for prefill in prefills:
+            for n in args.lengths:
+                cases.append(case(model, name, prefill, prompt_ids(tok, n), args))
+    return {"date": str(date.today()), "cpu": cpuconfig.cpu_model(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "chunk": args.chunk, "repeats": args.repeats,
+            "warmup": "one untimed prefill with the hold and one without",
+            "order": "alternating within a round (held first in even rounds)",
+            "skipped_prefills": {p: "no bfloat16 dot products in this process" for p in skipped},
+            "shared_machine": "yes: other developers' jobs share its 2 cores; read the paired ratio", "cases": cases}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["gemma3-270m"], choices=["gemma3-270m", "smollm2"])
+    ap.add_argument("--lengths", nargs="+", type=int, default=[2048, 8192])
+    ap.add_argument("--prefills", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
+    ap.add_argument("--chunk", type=int, default=CHUNK)
+    ap.add_argument("--repeats", type=int, default=4, help="timed rounds (each times both engines)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="SmolLM2 at 600 tokens in chunks of 256, float32, 2 rounds")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/held_weights.json")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.models, args.lengths, args.prefills, args.chunk, args.repeats = ["smollm2"], [600], ["float32"], 256, 2
+    if args.repeats < 2:
+        ap.error(f"--repeats must be at least 2 (a paired ratio needs rounds to span), got {args.repeats}")
+    result = measure(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
