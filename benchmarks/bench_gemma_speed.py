@@ -295,11 +295,6 @@ def plot(cases: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _spread(d: dict):
-    from benchmarks.repeats import Spread
-    return Spread(d["median"], d["lo"], d["hi"], d["n"])
-
-
 def main(argv=None) -> int:
     from benchmarks import repeats
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -373,7 +368,7 @@ def main(argv=None) -> int:
             case["prefill_speedup"] = case["transformers_ttft_s"] / case["sparsekv_ttft_s"]
             case["decode_speedup"] = case["transformers_tpot_s"] / case["sparsekv_tpot_s"]
             for k in ("ttft", "tpot"):               # separate processes: not paired, the intervals' far ends
-                ours, theirs = _spread(case[f"sparsekv_{k}"]), _spread(case[f"transformers_{k}"])
+                ours, theirs = (repeats.Spread.from_dict(case[f"{who}_{k}"]) for who in ("sparsekv", "transformers"))
                 sp = repeats.ratio_bounds(theirs, ours)                    # the speed-up: above 1, sparsekv is faster
                 case[f"{'prefill' if k == 'ttft' else 'decode'}_speedup_interval"] = {
                     **sp.as_dict(), "verdict": repeats.verdict(repeats.ratio_bounds(ours, theirs))}   # sparsekv's

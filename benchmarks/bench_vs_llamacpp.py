@@ -534,7 +534,7 @@ def _plot_v2(out: dict, path: Path) -> None:
                  c["llamacpp_settings"][k[len("llamacpp_"):]]["exact"]}
         out = {f"llamacpp_{c['llamacpp_best_exact']['tpot']}": ("llama.cpp, fastest exact", viz.COLORS[1])}
         if lossy:
-            k = repeats.fastest({k: repeats.Spread(v["median"], v["lo"], v["hi"], v["n"]) for k, v in lossy.items()})
+            k = repeats.fastest({k: repeats.Spread.from_dict(v) for k, v in lossy.items()})
             out[k] = ("llama.cpp, fastest lossy K/V", viz.COLORS[3])
         out["sparsekv_dense"] = ("sparsekv dense", viz.COLORS[0])
         out["sparsekv_routed"] = (f"sparsekv minmax@{BUDGET}", viz.COLORS[2])

@@ -46,6 +46,11 @@ class Spread:
     def as_dict(self) -> dict:
         return {"median": self.median, "lo": self.lo, "hi": self.hi, "n": self.n, "coverage": self.coverage}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Spread":
+        """The Spread a results JSON holds (`as_dict`'s output; its derived coverage is ignored)."""
+        return cls(d["median"], d["lo"], d["hi"], d["n"])
+
 
 def spread(values: Sequence[float]) -> Spread:
     """The median and min-max of `values` (one per repeat)."""

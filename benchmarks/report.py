@@ -415,10 +415,9 @@ def _kernel_buys(d: dict) -> list[str]:
              "each in every round:", "",
              "| model | tokens | SDPA | kernel | kernel / SDPA | ratio of |", "| --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
-        a, b = (Spread(**{k: r["prefill_s"][key][k] for k in ("median", "lo", "hi", "n")})
-                for key in ("sparsekv_sdpa", "sparsekv"))
+        a, b = (Spread.from_dict(r["prefill_s"][key]) for key in ("sparsekv_sdpa", "sparsekv"))
         paired = r.get("ratios", {}).get("prefill_vs_sparsekv_sdpa")
-        x = Spread(**{k: paired[k] for k in ("median", "lo", "hi", "n")}) if paired else ratio_bounds(b, a)
+        x = Spread.from_dict(paired) if paired else ratio_bounds(b, a)
         lines.append(f"| {r['model']} | {r['length']:,} | {a.median:.1f} [{a.lo:.1f}-{a.hi:.1f}] s | {b.median:.1f} "
                      f"[{b.lo:.1f}-{b.hi:.1f}] s | {x.median:.2f} [{x.lo:.2f}-{x.hi:.2f}] | "
                      + ("rounds, paired |" if paired else "medians; interval from the far ends |"))

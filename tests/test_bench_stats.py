@@ -15,6 +15,7 @@ def test_a_spread_is_the_median_and_the_min_max_with_its_coverage():
     assert repeats.spread([5.0]).coverage == 0.0                       # one value promises nothing
     assert repeats.spread([1.0, 2.0, 3.0, 4.0]).median == 2.5
     assert s.scaled(1e3).as_dict() == {"median": 2000.0, "lo": 1000.0, "hi": 3000.0, "n": 3, "coverage": 0.75}
+    assert repeats.Spread.from_dict(s.as_dict()) == s                  # what a results JSON holds reads back
     with pytest.raises(ValueError):
         repeats.spread([])
 
