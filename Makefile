@@ -89,11 +89,16 @@ bench-peers: setup
 # The same peer built as for an AVX2-only CPU (AVX2, FMA, F16C, no AVX-512, no AVX-VNNI, no AMX), beside the native
 # one in build/llama-avx2: `python -m benchmarks.bench_vs_llamacpp --cpu alt` imports it there, with sparsekv under
 # suite.cpuconfig's "alt" environment, so that a machine with AVX-512 also measures both engines' AVX2 paths.
+# --no-deps keeps build/llama-avx2 to the package itself; its runtime requirements (numpy, diskcache, jinja2,
+# typing-extensions, read from the built copy's metadata, extras left out) go into the venv, so that this target
+# works on a clone where `make bench-peers` never ran (2026-12-07: `import llama_cpp` failed there on diskcache).
 LLAMA_AVX2_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
 	-DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF
 bench-peers-avx2: setup
 	CMAKE_ARGS="$(LLAMA_AVX2_CMAKE)" $(PY) -m pip install --quiet --force-reinstall --no-deps --no-cache-dir \
 		--no-binary llama-cpp-python --target build/llama-avx2 $(LLAMA_CPP_SPEC)
+	$(PY) -m pip install --quiet $$($(PY) -c "import importlib.metadata as m; \
+		print(' '.join(r for r in next(m.distributions(path=['build/llama-avx2'])).requires if 'extra ==' not in r))")
 
 # pyflakes and import order (pyproject's [tool.ruff]); .ci/run runs it before the tests.
 lint: setup

@@ -507,28 +507,51 @@ def prefill_tables(results: Path = RESULTS) -> str:
 
 
 def held_weights_table(path: Path = RESULTS / "held_weights.json") -> str:
-    """bench_held_weights: per (model, prefill dtype, length) the prefill with and without `quant.held_weights`
-    (medians, min-max), the paired ratio with its verdict, and the bytes held while it runs; "" without a run."""
+    """One run of bench_held_weights: per (model, prefill dtype, length) the prefill with and without
+    `quant.held_weights` (medians, min-max), the paired ratio with its verdict, and the bytes held while it runs; then
+    its serving cases (a scheduler's run held or not: the ratios of its prefill chunks, decode steps and their sum).
+    Either part is left out where the run has none; "" without a run."""
     if not path.is_file():
         return ""
     d = json.loads(path.read_text())
-    lines = [f"Weights held for a prefill, `{path.stem}` (`python -m benchmarks.bench_held_weights`): {d['cpu']}, "
-             f"{d['threads']} threads, {d['date']}, chunks of {d['chunk']} tokens; {d['warmup']}, then {d['repeats']} "
-             f"rounds, {d['order']}; median [min-max]; the ratio pairs round with round, 'faster' or 'slower' only past "
-             "a 5% margin. The Engine holds for a bfloat16 prefill only (`EngineConfig.hold_weights`)"
-             + "".join(f"; {p} not run: {why}" for p, why in d.get("skipped_prefills", {}).items()) + ".", "",
-             "| model | prefill | tokens | held | per chunk | held / per chunk | held while it runs |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [f"Weights held, `{path.stem}` (`python -m benchmarks.bench_held_weights`): {d['cpu']}, {d['threads']} "
+             f"threads, {d['date']}, chunks of {d['chunk']} tokens; {d['warmup']}, then {d['repeats']} rounds, "
+             f"{d['order']}; median [min-max]; the ratio pairs round with round, 'faster' or 'slower' only past a 5% "
+             "margin. An Engine's prefill holds for a bfloat16 prefill only (`EngineConfig.hold_weights`); a "
+             "scheduler's run holds in either dtype (`Engine.holding_weights`)"
+             + "".join(f"; {p} not run: {why}" for p, why in d.get("skipped_prefills", {}).items()) + "."]
+    if d["cases"]:
+        lines += ["", "| model | prefill | tokens | held | per chunk | held / per chunk | held while it runs |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for c in d["cases"]:
         h, u, r = c["held_s"], c["unheld_s"], c["held_vs_unheld"]
         lines.append(f"| {c['model']} | {c['prefill']} | {c['length']:,} | {h['median']:.2f} [{h['lo']:.2f}-{h['hi']:.2f}] s"
                      f" | {u['median']:.2f} [{u['lo']:.2f}-{u['hi']:.2f}] s | {_iv(r)} {r['verdict']} | "
                      f"{c['held_bytes'] / 2**20:.0f} MiB |")
+    if d.get("serving"):
+        lines += ["", "Served (`Scheduler.run` inside `quant.held_weights`, or not): one burst of distinct prompts, "
+                  "every request in one batch, the \"chunked\" policy; the seconds of the run's prefill chunks, of its "
+                  "decode steps and their sum, held / per op, paired by round. A decode step wider than "
+                  "`quant.DECODE_ROWS` rows multiplies by a dequantised W, as a chunk does.", "",
+                  "| model | prefill | requests x tokens, new | prefill chunks | decode steps (wider) | whole run | "
+                  "same tokens | held while it runs |", "| --- | --- | --- | ---: | ---: | ---: | --- | ---: |"]
+        for c in d["serving"]:
+            cell = {k: f"{_iv(c[k]['held_vs_unheld'])} {c[k]['held_vs_unheld']['verdict']}"
+                    for k in ("chunks", "steps", "run")}
+            lines.append(f"| {c['model']} | {c['prefill']} | {c['requests']} x {c['prompt_tokens']:,}, "
+                         f"{c['new_tokens']} | {cell['chunks']} | {cell['steps']} ({c['decode_steps_wider']} of "
+                         f"{c['decode_steps']}) | {cell['run']} | {'yes' if c['same_tokens'] else 'NO'} | "
+                         f"{c['held_bytes'] / 2**20:.0f} MiB |")
     return "\n".join(lines)
 
 
+def held_weights_tables(results: Path = RESULTS) -> str:
+    """Every committed run of bench_held_weights (`held_weights*.json`: the prefill run, the serving run)."""
+    return "\n\n".join(held_weights_table(p) for p in sorted(results.glob("held_weights*.json")))
+
+
 def tables() -> str:
-    held = held_weights_table()
+    held = held_weights_tables()
     return (cpu_decode_tables() + "\n\n" + summary_precision_table() + "\n\n" + engine_tpot_table() + "\n\n"
             + prefix_match_table() + "\n\n" + gemma_speed_table() + "\n\n" + router_cost_table() + "\n\n"
             + vs_llamacpp_tables() + "\n\n" + prefill_tables() + ("\n\n" + held if held else ""))

@@ -322,6 +322,22 @@ def test_the_held_weights_table_gives_each_case_its_ratio_verdict_and_bytes(tmp_
                     "held_vs_unheld": {**s(0.9, 0.88, 0.93), "verdict": "faster"}}]}
     path = tmp_path / "held_weights.json"
     path.write_text(json.dumps(d))
+    assert "Served" not in report.held_weights_table(path)                  # a run from before the serving part
+    ratio = {k: {"held_vs_unheld": {**s(m, m - 0.01, m + 0.01), "verdict": v}}
+             for k, m, v in (("chunks", 0.95, "tie"), ("steps", 0.6, "faster"), ("run", 0.8, "faster"))}
+    d["serving"] = [{"model": "m", "prefill": "bfloat16", "requests": 24, "prompt_tokens": 512, "new_tokens": 32,
+                     "decode_steps": 55, "decode_steps_wider": 40, "same_tokens": True, "held_bytes": 5 * 2**20,
+                     **ratio}]
+    path.write_text(json.dumps(d))
+    served = report.held_weights_table(path)
+    assert served.splitlines()[-1] == ("| m | bfloat16 | 24 x 512, 32 | 0.95 [0.94-0.96] tie | 0.60 [0.59-0.61] faster "
+                                       "(40 of 55) | 0.80 [0.79-0.81] faster | yes | 5 MiB |")
+    (tmp_path / "held_weights_serving.json").write_text(json.dumps({**d, "cases": []}))     # a serving-only run
+    both = report.held_weights_tables(tmp_path)
+    assert both.count("`python -m benchmarks.bench_held_weights`") == 2
+    assert both.count("| model | prefill | tokens |") == 1 and both.count("| model | prefill | requests") == 2
+    d["serving"] = []
+    path.write_text(json.dumps(d))
     text = report.held_weights_table(path)
     assert "bfloat16 not run: no bfloat16 dot products" in text
     assert text.splitlines()[-1] == ("| m | float32 | 8,192 | 9.00 [8.50-9.50] s | 10.00 [9.80-10.40] s | "

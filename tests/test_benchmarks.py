@@ -6,6 +6,8 @@ near-tie), and the JSON carries a floor and a ratio for every variant it timed.
 """
 import json
 
+import pytest
+
 from benchmarks import bench_cpu_decode
 
 
@@ -123,7 +125,6 @@ def test_the_first_token_probe_records_both_picks_and_their_gaps(tmp_path):
     """Only where llama.cpp is installed: every exact configuration and both sparsekv prefills on the same short
     prompt, each pair's picks, gaps and KL; a pick that agrees has no gap, and the gaps are never negative (each side
     prefers its own pick)."""
-    import pytest
     pytest.importorskip("llama_cpp")
     from benchmarks import bench_first_token, bench_vs_llamacpp
     from sparsekv.model import fetch
@@ -161,3 +162,16 @@ def test_the_held_weights_benchmark_times_both_and_records_the_bytes_held(tmp_pa
     per_layer = c.dim * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads * c.head_dim * c.dim \
         + 3 * c.dim * c.intermediate_size
     assert case["held_bytes"] == 4 * c.n_layers * per_layer
+    (serve,) = d["serving"]                      # 18 prompts of 40 tokens, 4 new, every request in one batch
+    assert serve["requests"] == 18 and serve["max_batch"] == 18 and serve["same_tokens"] is True
+    assert 0 < serve["decode_steps_wider"] <= serve["decode_steps"] and serve["preemptions"] == 0
+    # a wide decode batch multiplies the lm_head too (a chunk multiplies its last row only, through the kernel)
+    assert serve["held_bytes"] == case["held_bytes"] + 4 * c.vocab_size * c.dim
+    assert serve["prefill"] == "float32"
+    for k in ("chunks", "steps", "run"):
+        assert serve[k]["held_s"]["n"] == serve[k]["unheld_s"]["n"] == 2
+        assert serve[k]["held_vs_unheld"]["verdict"] in ("faster", "slower", "tie")
+    for bad in (["--serve-new", "0"], ["--lengths", "--serve-requests", "0"], ["--lengths", "1"]):
+        with pytest.raises(SystemExit):
+            bench_held_weights.main([*bad, "--out", str(tmp_path / "refused.json")])
+    assert not (tmp_path / "refused.json").exists()

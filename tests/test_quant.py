@@ -448,3 +448,59 @@ def test_an_engine_prefill_of_several_chunks_holds_the_weights_and_keeps_its_log
     assert prefill()[1] == {5}
     with pytest.raises(TypeError, match="hold_weights must be a bool"):
         sk.Engine(model, hold_weights=1)
+
+
+@kernel_only
+def test_a_scheduler_run_holds_the_weights_across_its_chunks_and_wide_decode_batches():
+    """SmolLM2 in gguf mode with a bfloat16 prefill, 18 prompts of 40 tokens served as one batch under "chunked"
+    (chunks of at most 128 tokens through `Engine.extend`, decode batches of up to 18 rows, wider than DECODE_ROWS):
+    `Scheduler.run` holds the weights for the run (`EngineExecutor.session`), so each QuantLinear a chunk or a wide
+    batch multiplies is dequantised once in the whole run, every request gets the tokens of the run without the hold,
+    and nothing stays held after; hold_weights=False dequantises at every such op. `Engine.holding_weights` itself
+    holds across `extend` calls, in float32 too (unlike `Engine.prefill`), and not with hold_weights=False."""
+    from sparsekv.serving.executors import EngineExecutor
+    from sparsekv.serving.scheduler import Scheduler, SchedulerConfig
+    from sparsekv.serving.trace import ServeRequest
+    path = _smollm2()
+    tok = sk.load_tokenizer(path)
+    from sparsekv.analysis import corpus
+    text = corpus.take(tok, corpus.haystack("prose"), 18 * 39)
+    reqs = [ServeRequest(i, f"p{i}", 0.0, torch.tensor([tok.bos_token_id] + text[39 * i:39 * (i + 1)]), 3)
+            for i in range(18)]
+    model = sk.load_model(path, weights="gguf", prefill="bfloat16")
+    assert quant.DECODE_ROWS < 18
+    real = quant.QuantLinear.dequantized
+
+    def serve(**kw):
+        counts = {}
+
+        def counted(self):
+            counts[id(self)] = counts.get(id(self), 0) + 1
+            return real(self)
+        quant.QuantLinear.dequantized = counted
+        try:
+            eng = sk.Engine(model, block_size=16, num_blocks=64, progress=False, **kw)
+            res = Scheduler(EngineExecutor(eng), SchedulerConfig(max_batch=18, batch_tokens=128)).run(reqs)
+            return [r.tokens for r in res.records], counts, eng
+        finally:
+            quant.QuantLinear.dequantized = real
+    held, once, eng = serve()
+    assert set(once.values()) == {1} and quant.held_bytes(model) == 0
+    plain, each, _ = serve(hold_weights=False)
+    assert held == plain and set(each) == set(once) and min(each.values()) > 1
+    seq = eng.new_sequence()
+    with eng.holding_weights():
+        eng.extend(seq, reqs[0].prompt[:20])
+        first = quant.held_bytes(model)
+        eng.extend(seq, reqs[0].prompt[20:])
+        assert first > 0 and quant.held_bytes(model) == first
+    assert quant.held_bytes(model) == 0
+    quant.set_prefill(model, "float32")
+    with eng.holding_weights():
+        eng.extend(seq, reqs[1].prompt[:20])
+        assert quant.held_bytes(model) == 2 * first                  # the same W, in float32
+    assert quant.held_bytes(model) == 0
+    plain = sk.Engine(model, block_size=16, num_blocks=64, progress=False, hold_weights=False)
+    with plain.holding_weights():
+        plain.extend(plain.new_sequence(), reqs[1].prompt[:20])
+        assert quant.held_bytes(model) == 0

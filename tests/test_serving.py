@@ -1,4 +1,5 @@
 """Serving many requests (issue 20): batching changes time, never answers; nothing leaks; the simulator's arithmetic."""
+import contextlib
 import math
 
 import pytest
@@ -209,3 +210,40 @@ def test_both_executors_satisfy_the_executor_protocol(model):
     assert isinstance(X.EngineExecutor(engine), Executor)
     assert isinstance(X.SimExecutor(CostModel(), 8, 64), Executor)
     assert not isinstance(object(), Executor)
+
+
+def test_the_scheduler_refuses_what_is_not_an_executor_and_runs_inside_its_session(model):
+    """A scheduler is built over an Executor only (a TypeError names the argument), and `run` enters the executor's
+    `session` once, around the whole run, leaving it however the run ends. The simulator's session holds nothing."""
+    from sparsekv.serving.executors import CostModel
+
+    names = ("start", "prefill", "decode", "publish", "finish", "free_blocks", "used_blocks", "blocks_needed",
+             "cached", "hit_rate")
+    partial = type("Partial", (), {"block_size": 8, **{n: (lambda self, *a: None) for n in names}})   # no session
+    with pytest.raises(TypeError, match="executor must be an Executor"):
+        S.Scheduler(partial())
+    with X.SimExecutor(CostModel(), 8, 64).session() as held:
+        assert held is None
+
+    events = []
+
+    class Watched(X.SimExecutor):
+        @contextlib.contextmanager
+        def session(self):
+            events.append("enter")
+            try:
+                yield
+            finally:
+                events.append("exit")
+
+        def prefill(self, seq, tokens):
+            events.append("prefill")
+            return super().prefill(seq, tokens)
+    reqs = [trace.ServeRequest(i, f"r{i}", 0.0, torch.arange(20) + 100 * i, 2) for i in range(3)]
+    S.Scheduler(Watched(CostModel(p=(1e-3, 0, 0), d=(1e-3, 0, 0)), 8, 64)).run(reqs)
+    assert events[0] == "enter" and events[-1] == "exit" and events.count("enter") == 1
+    assert "prefill" in events
+    events.clear()
+    with pytest.raises(RuntimeError, match="raise num_blocks"):
+        S.Scheduler(Watched(CostModel(), 8, 2)).run(reqs)          # the pool cannot hold a prompt
+    assert events == ["enter", "exit"]

@@ -123,9 +123,10 @@ class EngineConfig:
                                                #   this CPU; "cpp" always a kernel, "torch" always SDPA
     hold_weights: bool = True                  # a bfloat16 prefill of several chunks dequantises gguf weights
                                                #   once and holds them for the call (`quant.held_weights`: the
-                                               #   layers' W in bfloat16, freed after); False: per chunk. A
-                                               #   float32 prefill never holds: measured a tie at twice the bytes
-                                               #   (benchmarks/bench_held_weights.py)
+                                               #   layers' W in bfloat16, freed after); a float32 prefill does
+                                               #   not (measured a tie at twice the bytes). A scheduler's run
+                                               #   holds in either dtype (`Engine.holding_weights`: measured a
+                                               #   gain in both). False: never (benchmarks/bench_held_weights.py)
 
     def __post_init__(self):
         if not isinstance(self.store, StoreConfig):
@@ -286,8 +287,8 @@ class Engine:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(todo), desc="prefill", unit="tok", leave=False)
         logits = None
-        hold = self.config.hold_weights and len(chunks) > 1 and self.model.prefill_dtype is not torch.float32
-        with held_weights(self.model) if hold else contextlib.nullcontext():             # W dequantised once
+        hold = len(chunks) > 1 and self.model.prefill_dtype is not torch.float32      # where it measured a gain
+        with self.holding_weights() if hold else contextlib.nullcontext():             # W dequantised once
             for chunk in chunks:
                 logits = self._forward(seq, chunk, attend=self._prefill_attend(seq))
                 if bar is not None:
@@ -302,9 +303,24 @@ class Engine:
         s.ttft_s = time.perf_counter() - t0
         return st.next_logits
 
+    def holding_weights(self):
+        """A context within which a GGUF model dequantises each weight once, at the first prefill chunk or decode
+        batch wider than `quant.DECODE_ROWS` rows that multiplies by it, and keeps it in the prefill dtype
+        (`quant.held_weights`), across any number of `prefill`, `extend` and `decode_batch` calls; freed on exit
+        (whatever raised). What a caller that prefills a chunk at a time wraps around its loop: `Scheduler.run`
+        does, through `EngineExecutor.session`. Nothing is held with `config.hold_weights` False.
+
+        Unlike `prefill`'s own hold (a bfloat16 prefill only), this holds for a float32 prefill too: a served run
+        measured faster held in both dtypes, mostly in its wide decode batches (benchmarks/results/
+        held_weights_serving.json, Gemma 3 270M, 24 requests in one batch: the run 0.60x in bfloat16 and 0.83x in
+        float32 of its time without the hold). The cost is the W those ops multiply by, while it is open
+        (`quant.held_bytes`; there 511 MiB in bfloat16 and 1,022 MiB in float32, the lm_head included)."""
+        return held_weights(self.model) if self.config.hold_weights else contextlib.nullcontext()
+
     def extend(self, seq: Sequence, token_ids) -> torch.Tensor:
         """Append `token_ids` to `seq` as one prefill chunk (no prefix-cache lookup); returns the last logits [vocab].
-        What a scheduler calls to prefill a prompt a chunk at a time: its time adds to the turn's `ttft_s`."""
+        What a scheduler calls to prefill a prompt a chunk at a time: its time adds to the turn's `ttft_s`. Each call
+        dequantises a GGUF model's weights anew unless the caller holds them (`holding_weights`)."""
         st = self._state(seq)
         ids = self._as_ids(token_ids)
         t0 = time.perf_counter()

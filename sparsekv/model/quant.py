@@ -454,9 +454,11 @@ def held_weights(model: nn.Module):
     dtype, until the block exits (then it is freed, whatever raised). A prompt of C chunks dequantises each W once
     rather than C times. The cost is memory while it runs: the layers' W in the prefill dtype (`held_bytes`; Gemma 3
     270M: 191 MiB in bfloat16, 382 MiB in float32), freed after. Measured (benchmarks/bench_held_weights.py): it pays
-    for a bfloat16 prefill, where each chunk also rounded W, and ties for a float32 one, so the Engine holds only
-    for a bfloat16 prefill (`EngineConfig.hold_weights`). A decode row never dequantises, so it holds nothing.
-    Nested blocks keep the outer one's hold."""
+    for a bfloat16 prefill, where each chunk also rounded W, and ties for a float32 one, so the Engine's prefill
+    holds only for a bfloat16 one (`EngineConfig.hold_weights`); a scheduler's run, whose decode batches wider than
+    DECODE_ROWS rows multiply by a dequantised W too, measured a gain in both and holds in either
+    (`Engine.holding_weights`). A decode row through the kernel never dequantises, so it holds nothing. Nested
+    blocks keep the outer one's hold."""
     mods = [m for m in model.modules() if isinstance(m, QuantLinear)]
     before = [m._hold for m in mods]
     for m in mods:

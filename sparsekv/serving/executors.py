@@ -3,6 +3,7 @@
 Both expose the same five operations and report the seconds each took, so the scheduler's logic is
 one piece of code and the simulator's error comes from its costs alone:
 
+    session()                -> context manager            around one `Scheduler.run` (the engine holds its weights)
     start(tokens, namespace) -> (handle, cached tokens)    a new sequence on the longest cached prefix
     prefill(handle, tokens)  -> seconds                    append one prompt chunk
     decode(handles)          -> (tokens, seconds)          one token for each (raises StoreFullError, changing nothing)
@@ -15,6 +16,7 @@ coefficients, and `SimExecutor` replays the same scheduling with them, without a
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -35,6 +37,7 @@ class Executor(Protocol):
 
     block_size: int
 
+    def session(self) -> contextlib.AbstractContextManager: ...
     def start(self, tokens, namespace=None) -> tuple[object, int]: ...
     def prefill(self, handle, tokens) -> float: ...
     def decode(self, handles: list) -> tuple[list[int], float]: ...
@@ -74,6 +77,13 @@ class EngineExecutor:
         self.engine, self.router, self.budget = engine, router, budget
         self.block_size = engine.store.config.block_size
         self.ops: list[Op] = []
+
+    def session(self) -> contextlib.AbstractContextManager:
+        """Around one `Scheduler.run`: the engine dequantises a GGUF model's weights once for the whole run rather
+        than at every prompt chunk and every decode batch wider than `quant.DECODE_ROWS` (`Engine.holding_weights`;
+        nothing with `hold_weights=False`). The run's first such op pays for it, so the op log (`ops`) a `CostModel`
+        is fitted on has that one op slower than the rest."""
+        return self.engine.holding_weights()
 
     def start(self, tokens: list[int], namespace=None):
         seq = self.engine.new_sequence()
@@ -181,6 +191,10 @@ class SimExecutor:
         # Decode tokens not yet reserved in the store, per sequence: reserved in one call when a token needs a
         # new block (or at a prefill or finish), so the pool's counts are exact at every step at a tenth the cost.
         self._lag: dict[int, int] = {}
+
+    def session(self) -> contextlib.AbstractContextManager:
+        """Around one `Scheduler.run`: nothing to hold (no model)."""
+        return contextlib.nullcontext()
 
     def start(self, tokens, namespace=None):
         seq = self.store.new_sequence()

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..core.checks import check_int
 from ..storage.block_pool import StoreFullError
+from .executors import Executor
 from .policies import make_policy
 from .trace import ServeRequest
 
@@ -184,11 +185,15 @@ class Decision:
 class Scheduler:
     """Serves requests over `executor` (an `Executor`: `serving.executors`) with the policy of `config`, bound once.
 
-    `run` is the loop: arrivals join the queue, `schedule` decides an iteration (`Decision`), `step` executes it
-    (preempting on a full pool) and advances the clock; an idle scheduler jumps to the next arrival.
+    `run` is the loop, inside the executor's `session`: arrivals join the queue, `schedule` decides an iteration
+    (`Decision`), `step` executes it (preempting on a full pool) and advances the clock; an idle scheduler jumps to
+    the next arrival.
     """
 
     def __init__(self, executor, config: SchedulerConfig | None = None):
+        if not isinstance(executor, Executor):
+            raise TypeError(f"executor must be an Executor (serving.executors: EngineExecutor, SimExecutor), got "
+                            f"{type(executor).__name__}")
         self.ex = executor
         self.config = config or SchedulerConfig()
         self.policy = make_policy(self.config.policy)
@@ -200,16 +205,17 @@ class Scheduler:
         if progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(requests), desc=f"serving ({self.config.policy})", leave=False)
-        while state.busy:
-            while state.pending and state.pending[0].arrival_s <= state.clock:
-                r = state.pending.popleft()
-                state.waiting.append(_Active(r, r.prompt.numpy(), 0, [], None, -1, []))
-            if not state.running and not state.waiting:
-                state.clock = state.pending[0].arrival_s
-                continue
-            done = self.step(state, self.schedule(state))
-            if bar is not None:
-                bar.update(done)
+        with self.ex.session():                     # the engine holds its dequantised weights for the run
+            while state.busy:
+                while state.pending and state.pending[0].arrival_s <= state.clock:
+                    r = state.pending.popleft()
+                    state.waiting.append(_Active(r, r.prompt.numpy(), 0, [], None, -1, []))
+                if not state.running and not state.waiting:
+                    state.clock = state.pending[0].arrival_s
+                    continue
+                done = self.step(state, self.schedule(state))
+                if bar is not None:
+                    bar.update(done)
         if bar is not None:
             bar.close()
         state.records.sort(key=lambda r: r.rid)
