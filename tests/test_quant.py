@@ -3,6 +3,8 @@ ggml dequantises it, the kernel against a float64 reference on odd shapes, and a
 float32 mode's and whose greedy tokens match it."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -414,6 +416,21 @@ def test_changing_the_prefill_dtype_drops_a_held_weight():
     assert torch.equal(y, lin2(x))
 
 
+@contextlib.contextmanager
+def _dequantisations():
+    """While open, counts each QuantLinear's `dequantized` calls: yields {id(module): calls}."""
+    real, counts = quant.QuantLinear.dequantized, {}
+
+    def counted(self):
+        counts[id(self)] = counts.get(id(self), 0) + 1
+        return real(self)
+    quant.QuantLinear.dequantized = counted
+    try:
+        yield counts
+    finally:
+        quant.QuantLinear.dequantized = real
+
+
 @kernel_only
 def test_an_engine_prefill_of_several_chunks_holds_the_weights_and_keeps_its_logits():
     """SmolLM2 in gguf mode, 300 tokens in chunks of 64 (5 chunks): a bfloat16 prefill dequantises every QuantLinear
@@ -425,21 +442,11 @@ def test_an_engine_prefill_of_several_chunks_holds_the_weights_and_keeps_its_log
     from sparsekv.analysis import corpus
     ids = [tok.bos_token_id] + corpus.take(tok, corpus.haystack("prose"), 299)
     model = sk.load_model(path, weights="gguf", prefill="bfloat16")
-    real = quant.QuantLinear.dequantized
 
     def prefill(**kw):
-        counts = {}
-
-        def counted(self):
-            counts[id(self)] = counts.get(id(self), 0) + 1
-            return real(self)
-        quant.QuantLinear.dequantized = counted
-        try:
+        with _dequantisations() as counts:
             eng = sk.Engine(model, chunk_size=64, progress=False, **kw)
-            seq = eng.new_sequence()
-            return eng.prefill(seq, ids), set(counts.values())
-        finally:
-            quant.QuantLinear.dequantized = real
+            return eng.prefill(eng.new_sequence(), ids), set(counts.values())
     held, once = prefill()
     assert once == {1} and quant.held_bytes(model) == 0
     plain, each = prefill(hold_weights=False)
@@ -453,7 +460,7 @@ def test_an_engine_prefill_of_several_chunks_holds_the_weights_and_keeps_its_log
 @kernel_only
 def test_a_scheduler_run_holds_the_weights_across_its_chunks_and_wide_decode_batches():
     """SmolLM2 in gguf mode with a bfloat16 prefill, 18 prompts of 40 tokens served as one batch under "chunked"
-    (chunks of at most 128 tokens through `Engine.extend`, decode batches of up to 18 rows, wider than DECODE_ROWS):
+    (chunks of at most 512 tokens through `Engine.extend`, decode batches of up to 18 rows, wider than DECODE_ROWS):
     `Scheduler.run` holds the weights for the run (`EngineExecutor.session`), so each QuantLinear a chunk or a wide
     batch multiplies is dequantised once in the whole run, every request gets the tokens of the run without the hold,
     and nothing stays held after; hold_weights=False dequantises at every such op. `Engine.holding_weights` itself
@@ -469,23 +476,17 @@ def test_a_scheduler_run_holds_the_weights_across_its_chunks_and_wide_decode_bat
             for i in range(18)]
     model = sk.load_model(path, weights="gguf", prefill="bfloat16")
     assert quant.DECODE_ROWS < 18
-    real = quant.QuantLinear.dequantized
 
     def serve(**kw):
-        counts = {}
-
-        def counted(self):
-            counts[id(self)] = counts.get(id(self), 0) + 1
-            return real(self)
-        quant.QuantLinear.dequantized = counted
-        try:
-            eng = sk.Engine(model, block_size=16, num_blocks=64, progress=False, **kw)
-            res = Scheduler(EngineExecutor(eng), SchedulerConfig(max_batch=18, batch_tokens=128)).run(reqs)
-            return [r.tokens for r in res.records], counts, eng
-        finally:
-            quant.QuantLinear.dequantized = real
+        with _dequantisations() as counts:
+            eng = sk.Engine(model, block_size=16, num_blocks=128, progress=False, **kw)
+            ex = EngineExecutor(eng)
+            res = Scheduler(ex, SchedulerConfig(max_batch=18, batch_tokens=512)).run(reqs)
+        assert max(o.tokens for o in ex.ops if o.kind == "decode") > quant.DECODE_ROWS     # a wide batch ran
+        return [r.tokens for r in res.records], counts, eng
     held, once, eng = serve()
     assert set(once.values()) == {1} and quant.held_bytes(model) == 0
+    assert id(model.lm_head) in once                     # only a wide decode batch multiplies the lm_head's W
     plain, each, _ = serve(hold_weights=False)
     assert held == plain and set(each) == set(once) and min(each.values()) > 1
     seq = eng.new_sequence()
