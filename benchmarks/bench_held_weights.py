@@ -46,11 +46,29 @@ CHUNK = 512                            # the engine's prefill chunk (EngineConfi
 PARTS = ("chunks", "steps", "run")     # a served run's prefill chunks, its decode steps, and their sum
 
 
+def held_and_unheld(run, rounds: int) -> dict[str, list]:
+    """One untimed call of `run(hold)` each way, then `rounds` rounds calling it both ways, held first in even
+    rounds: {"held": [...], "unheld": [...]} of what it returned, round by round."""
+    run(True), run(False)                                        # warm-up, untimed
+    out = {"held": [], "unheld": []}
+    for r in range(rounds):
+        for k in (("held", "unheld") if r % 2 == 0 else ("unheld", "held")):
+            out[k].append(run(k == "held"))
+    return out
+
+
+def paired(held: list[float], unheld: list[float]) -> dict:
+    """Each side's median [min-max] and the round-paired ratio held / unheld with its verdict (5% margin)."""
+    from benchmarks import repeats
+    ratio = repeats.paired_ratio(held, unheld)
+    return {"held_s": repeats.spread(held).as_dict(), "unheld_s": repeats.spread(unheld).as_dict(),
+            "held_vs_unheld": {**ratio.as_dict(), "verdict": repeats.verdict(ratio)}}
+
+
 def case(model, name: str, prefill: str, ids: list[int], args) -> dict:
     import torch
 
     import sparsekv as sk
-    from benchmarks import repeats
     from sparsekv.model import quant
     quant.set_prefill(model, prefill)
     eng = sk.Engine(model, block_size=16, num_blocks=len(ids) // 16 + 96, chunk_size=args.chunk, progress=False,
@@ -66,18 +84,13 @@ def case(model, name: str, prefill: str, ids: list[int], args) -> dict:
             held.append(quant.held_bytes(model))                # before the block frees them
         eng.finish(seq)
         return dt
-    run(True), run(False)                                        # warm-up, untimed
-    times = {"held": [], "unheld": []}
-    for r in range(args.repeats):
-        for k in (("held", "unheld") if r % 2 == 0 else ("unheld", "held")):
-            times[k].append(run(k == "held"))
-    ratio = repeats.paired_ratio(times["held"], times["unheld"])
+    times = held_and_unheld(run, args.repeats)
     out = {"model": name, "prefill": prefill, "length": len(ids), "chunks": -(-len(ids) // args.chunk),
-           "held_bytes": max(held), **{f"{k}_s": repeats.spread(v).as_dict() for k, v in times.items()},
-           "held_vs_unheld": {**ratio.as_dict(), "verdict": repeats.verdict(ratio)}}
+           "held_bytes": max(held), **paired(times["held"], times["unheld"])}
+    ratio = out["held_vs_unheld"]
     print(f"{name} {prefill} {len(ids):>6,}: held {out['held_s']['median']:.2f} s, unheld "
-          f"{out['unheld_s']['median']:.2f} s, held / unheld {ratio.median:.3f} [{ratio.lo:.3f}-{ratio.hi:.3f}] "
-          f"{out['held_vs_unheld']['verdict']}; holds {out['held_bytes'] / 2**20:.0f} MiB while it runs", flush=True)
+          f"{out['unheld_s']['median']:.2f} s, held / unheld {ratio['median']:.3f} [{ratio['lo']:.3f}-{ratio['hi']:.3f}] "
+          f"{ratio['verdict']}; holds {out['held_bytes'] / 2**20:.0f} MiB while it runs", flush=True)
     return out
 
 
@@ -86,7 +99,6 @@ def serving_case(model, name: str, prefill: str, prompts: list[list[int]], args)
     import torch
 
     import sparsekv as sk
-    from benchmarks import repeats
     from sparsekv.model import quant
     from sparsekv.serving.executors import EngineExecutor
     from sparsekv.serving.scheduler import Scheduler, SchedulerConfig
@@ -112,21 +124,13 @@ def serving_case(model, name: str, prefill: str, prompts: list[list[int]], args)
         t = {k: sum(o.seconds for o in ex.ops if o.kind == kind) for k, kind in (("chunks", "prefill"),
                                                                                   ("steps", "decode"))}
         return {**t, "run": t["chunks"] + t["steps"]}
-    run(True), run(False)                                        # warm-up, untimed
-    times = {h: {k: [] for k in PARTS} for h in ("held", "unheld")}
-    for r in range(args.repeats):
-        for h in (("held", "unheld") if r % 2 == 0 else ("unheld", "held")):
-            for k, v in run(h == "held").items():
-                times[h][k].append(v)
+    times = held_and_unheld(run, args.repeats)
     out = {"model": name, "prefill": prefill, "requests": len(prompts), "prompt_tokens": len(prompts[0]),
            "new_tokens": args.serve_new, "policy": cfg.policy, "max_batch": cfg.max_batch,
            "batch_tokens": cfg.batch_tokens, "decode_steps": wide[-1][1], "decode_steps_wider": wide[-1][0],
-           "decode_rows": quant.DECODE_ROWS, "preemptions": max(preempted), "held_bytes": max(held), "same_tokens": all(t == tokens[0] for t in tokens)}
-    for k in PARTS:
-        ratio = repeats.paired_ratio(times["held"][k], times["unheld"][k])
-        out[k] = {"held_s": repeats.spread(times["held"][k]).as_dict(),
-                  "unheld_s": repeats.spread(times["unheld"][k]).as_dict(),
-                  "held_vs_unheld": {**ratio.as_dict(), "verdict": repeats.verdict(ratio)}}
+           "decode_rows": quant.DECODE_ROWS, "preemptions": max(preempted), "held_bytes": max(held),
+           "same_tokens": all(t == tokens[0] for t in tokens),
+           **{k: paired([t[k] for t in times["held"]], [t[k] for t in times["unheld"]]) for k in PARTS}}
     print(f"{name} {prefill} serving {len(prompts)} x {len(prompts[0])} tokens, {args.serve_new} new: "
           + ", ".join(f"{k} held / unheld {out[k]['held_vs_unheld']['median']:.3f} "
                       f"[{out[k]['held_vs_unheld']['lo']:.3f}-{out[k]['held_vs_unheld']['hi']:.3f}] "
