@@ -186,12 +186,12 @@ def main(argv=None) -> int:
     ap.add_argument("--serve-prompt", type=int, default=512, help="serving: tokens per prompt")
     ap.add_argument("--serve-new", type=int, default=32, help="serving: tokens each request generates")
     ap.add_argument("--quick", action="store_true", help="SmolLM2 at 600 tokens in chunks of 256, float32, 2 rounds; "
-                                                          "serving 18 prompts of 40 tokens, 4 new")
+                                                          "serving 18 prompts of 14 tokens (one chunk), 2 new")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/held_weights.json")
     args = ap.parse_args(argv)
     if args.quick:
         args.models, args.lengths, args.prefills, args.chunk, args.repeats = ["smollm2"], [600], ["float32"], 256, 2
-        args.serve_requests, args.serve_prompt, args.serve_new = 18, 40, 4
+        args.serve_requests, args.serve_prompt, args.serve_new = 18, 14, 2
     if args.repeats < 2:
         ap.error(f"--repeats must be at least 2 (a paired ratio needs rounds to span), got {args.repeats}")
     if not args.lengths and not args.serve_requests:

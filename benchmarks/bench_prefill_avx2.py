@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", choices=("alt", "native"), default="alt",
                     help="alt: as an AVX2 machine (x86-64-v3 extension, ATen/oneDNN/MKL at AVX2); native: as it is")
     ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
-    ap.add_argument("--lengths", nargs="+", type=int, default=[2048, 8192])
+    ap.add_argument("--lengths", nargs="+", type=int, default=[2048, 8192, 32768])
     ap.add_argument("--no-windows", dest="windows", action="store_false", help="causal cases only")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)

@@ -150,14 +150,18 @@ def test_a_wrong_mask_would_fail_it():
     assert not bool(((ours - exact(q, k, v, 235, 0, 40)).abs() <= b).all())      # causal edge one key short
 
 
-def test_the_same_bits_at_any_thread_count():
+@pytest.mark.parametrize("window", [0, 100])
+def test_the_same_bits_at_any_thread_count(window):
+    """14 tiles of 60 rows per head, 2 heads: grouped 4 per head at 1 and 2 threads, 6 per head at 3 (the item count a
+    multiple of the threads), so each tile runs beside other tiles; with a window, tiles of one item start their
+    key blocks at different keys."""
     q, k, v = case(200, 900, 8, 2, 128, seed=7)
     saved = torch.get_num_threads()
     try:
         runs = []
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            runs.append(cpu_decode.prefill_attn_f32(q, k, v, 700, 0, 0, 1 / math.sqrt(128)))
+            runs.append(cpu_decode.prefill_attn_f32(q, k, v, 700, 0, window, 1 / math.sqrt(128)))
     finally:
         torch.set_num_threads(saved)
     assert all(torch.equal(runs[0], r) for r in runs[1:])
