@@ -545,16 +545,41 @@ def held_weights_table(path: Path = RESULTS / "held_weights.json") -> str:
     return "\n".join(lines)
 
 
+def decode_rows_table(path: Path = RESULTS / "decode_rows.json") -> str:
+    """The run of bench_decode_rows: per (model, activations) and batch width, the linear maps of a decode step
+    through the codes kernel against the held float32 W (medians, min-max), the paired ratio kernel / held with its
+    verdict, and the first width where the kernel is slower; "" without a run."""
+    if not path.is_file():
+        return ""
+    d = json.loads(path.read_text())
+    lines = [f"Decode batch width, `{path.stem}` (`python -m benchmarks.bench_decode_rows`): {d['cpu']}, {d['threads']} "
+             f"threads, {d['date']}; every linear map of a decode step (`quant.step_linears`, the lm_head included) for x "
+             f"of R rows, through the "
+             f"kernel that reads the codes in place against torch's matmul by the float32 W a run holds; "
+             f"{d['warmup']}, then {d['repeats']} rounds, {d['order']}; median [min-max], the ratio paired by round, "
+             f"'faster' (the kernel) or 'slower' only past a 5% margin. `QuantLinear` takes the kernel for up to "
+             f"`quant.DECODE_ROWS` = {d['decode_rows']} rows.", "",
+             "| model | activations | rows | codes kernel | held W | kernel / held |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for run in d["runs"]:
+        for c in run["cases"]:
+            r = c["kernel_vs_held"]
+            lines.append(f"| {run['model']} | {run['activations']} | {c['rows']} | {_iv(c['kernel_s'], 1e3)} ms | "
+                         f"{_iv(c['held_s'], 1e3)} ms | {_iv(r)} {r['verdict']} |")
+    lines += ["", "First width where the kernel is slower: " + "; ".join(
+        f"{run['model']} {run['activations']} {run['first_rows_kernel_slower'] or 'none measured'}" for run in d["runs"]) + "."]
+    return "\n".join(lines)
+
+
 def held_weights_tables(results: Path = RESULTS) -> str:
     """Every committed run of bench_held_weights (`held_weights*.json`: the prefill run, the serving run)."""
     return "\n\n".join(held_weights_table(p) for p in sorted(results.glob("held_weights*.json")))
 
 
 def tables() -> str:
-    held = held_weights_tables()
+    extra = [t for t in (held_weights_tables(), decode_rows_table()) if t]
     return (cpu_decode_tables() + "\n\n" + summary_precision_table() + "\n\n" + engine_tpot_table() + "\n\n"
             + prefix_match_table() + "\n\n" + gemma_speed_table() + "\n\n" + router_cost_table() + "\n\n"
-            + vs_llamacpp_tables() + "\n\n" + prefill_tables() + ("\n\n" + held if held else ""))
+            + vs_llamacpp_tables() + "\n\n" + prefill_tables() + "".join("\n\n" + t for t in extra))
 
 
 def page_section(text: str) -> str:

@@ -343,3 +343,25 @@ def test_the_held_weights_table_gives_each_case_its_ratio_verdict_and_bytes(tmp_
     assert text.splitlines()[-1] == ("| m | float32 | 8,192 | 9.00 [8.50-9.50] s | 10.00 [9.80-10.40] s | "
                                      "0.90 [0.88-0.93] faster | 3 MiB |")
     assert report.held_weights_table(tmp_path / "absent.json") == ""
+
+
+def test_the_decode_rows_table_gives_each_width_its_ratio_and_the_first_slower_width(tmp_path):
+    import json
+
+    from benchmarks import report
+
+    def s(m, lo, hi):
+        return {"median": m, "lo": lo, "hi": hi, "n": 5, "coverage": 0.94}
+    run = {"model": "m", "activations": "int8", "first_rows_kernel_slower": 16,
+           "cases": [{"rows": 1, "kernel_s": s(0.02, 0.019, 0.021), "held_s": s(0.05, 0.049, 0.052),
+                      "kernel_vs_held": {**s(0.4, 0.39, 0.42), "verdict": "faster"}},
+                     {"rows": 16, "kernel_s": s(0.143, 0.14, 0.15), "held_s": s(0.13, 0.12, 0.14),
+                      "kernel_vs_held": {**s(1.1, 1.07, 1.11), "verdict": "slower"}}]}
+    d = {"cpu": "C", "threads": 2, "date": "2026-12-07", "repeats": 5, "decode_rows": 16, "warmup": "w", "order": "o",
+         "runs": [run, {**run, "activations": "float32", "first_rows_kernel_slower": None}]}
+    path = tmp_path / "decode_rows.json"
+    path.write_text(json.dumps(d))
+    lines = report.decode_rows_table(path).splitlines()
+    assert "| m | int8 | 16 | 143.00 [140.00-150.00] ms | 130.00 [120.00-140.00] ms | 1.10 [1.07-1.11] slower |" in lines
+    assert lines[-1] == "First width where the kernel is slower: m int8 16; m float32 none measured."
+    assert report.decode_rows_table(tmp_path / "absent.json") == ""

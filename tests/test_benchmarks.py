@@ -179,3 +179,39 @@ def test_the_held_weights_benchmark_times_both_and_records_the_bytes_held(tmp_pa
         with pytest.raises(SystemExit):
             bench_held_weights.main([*bad, "--out", str(tmp_path / "refused.json")])
     assert not (tmp_path / "refused.json").exists()
+
+
+def test_the_decode_rows_benchmark_times_both_paths_at_each_width_and_refuses_bad_arguments(tmp_path):
+    """SmolLM2, float32 activations, 1 and 24 rows, 2 rounds, one thread: both paths timed in every round over the
+    linear maps of a decode step (the lm_head included), the paired ratio with its verdict, and the bytes held: each
+    map's float32 W once."""
+    from benchmarks import bench_decode_rows
+    from sparsekv.model import fetch
+    if not fetch.model_path(fetch.SMOLLM2, bench_decode_rows.ROOT).is_file():
+        pytest.skip("SmolLM2's GGUF is not fetched")
+    out = tmp_path / "rows.json"
+    assert bench_decode_rows.main(["--quick", "--threads", "1", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    (run,) = d["runs"]
+    assert d["threads"] == 1 and d["decode_rows"] == 16 and run["activations"] == "float32"
+    assert [c["rows"] for c in run["cases"]] == [1, 24]
+    for c in run["cases"]:
+        assert c["kernel_s"]["n"] == c["held_s"]["n"] == 2 and c["kernel_vs_held"]["verdict"] in ("faster", "slower", "tie")
+    import torch
+
+    import sparsekv as sk
+    from benchmarks.bench_vs_llamacpp import model_file
+    from sparsekv.model import quant
+    model = sk.load_model(model_file("smollm2", 1)[0], weights="gguf")
+    layers = quant.step_linears(model)                  # fused q, k, v and gate, up: 4 per layer and the lm_head
+    c = model.config
+    assert run["linears"] == len(layers) == 4 * c.n_layers + 1
+    per_layer = c.dim * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads * c.head_dim * c.dim \
+        + 3 * c.dim * c.intermediate_size                # each W counted once, the parts of a fused one not again
+    assert run["weight_bytes_held"] == 4 * (c.n_layers * per_layer + c.vocab_size * c.dim)
+    x = torch.randn(24, layers[0].in_features)           # the kernel at any width is the matmul by W, to rounding
+    torch.testing.assert_close(layers[0].codes_matmul(x), x @ layers[0].dequantized().T, rtol=1e-4, atol=1e-4)
+    for bad in (["--repeats", "1"], ["--rows", "0"], ["--threads", "0"]):
+        with pytest.raises(SystemExit):
+            bench_decode_rows.main([*bad, "--out", str(tmp_path / "refused.json")])
+    assert not (tmp_path / "refused.json").exists()

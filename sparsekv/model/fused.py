@@ -51,9 +51,8 @@ def why_not(model: Model, store) -> str | None:
     if c.positions == "none" or c.attention_bias or c.hidden_act not in _ACT:
         return "the model needs RoPE, no attention bias and a silu or tanh-GELU MLP"
     for layer in model.layers:
-        a, m = layer.mix, layer.mlp
-        projs = ([a.qkv_proj] if a.qkv_proj is not None else [a.q_proj, a.k_proj, a.v_proj]) + [a.o_proj]
-        projs += ([m.gate_up_proj] if m.gate_up_proj is not None else [m.gate_proj, m.up_proj]) + [m.down_proj]
+        qkv, gu = quant.step_projections(layer)
+        projs = qkv + [layer.mix.o_proj] + gu + [layer.mlp.down_proj]
         if not all(isinstance(p, QuantLinear) and p.bias is None for p in projs):
             return "the weights must be the gguf mode's (load_model(..., weights='gguf'))"
     if not isinstance(store, LayerGroups) or not all(type(sub) is BlockStore for sub in store.stores):
@@ -100,8 +99,7 @@ class FusedDecode:
                      layer.pre_feedforward_layernorm.weight if layer.sandwich else empty,
                      layer.post_feedforward_layernorm.weight if layer.sandwich else empty,
                      a.q_norm.weight if c.qk_norm else empty, a.k_norm.weight if c.qk_norm else empty]
-            qkv = [a.qkv_proj] if a.qkv_proj is not None else [a.q_proj, a.k_proj, a.v_proj]
-            gu = [m.gate_up_proj] if m.gate_up_proj is not None else [m.gate_proj, m.up_proj]
+            qkv, gu = quant.step_projections(layer)
             w = [t.detach().float().contiguous() for t in norms]
             meta = [c.n_heads, c.n_kv_heads, c.head_dim, len(qkv), len(gu), int(layer.sandwich), _ACT[c.hidden_act]]
             for p in qkv + [a.o_proj] + gu + [m.down_proj]:

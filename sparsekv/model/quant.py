@@ -324,8 +324,7 @@ class QuantLinear(nn.Module):
             raise TypeError(f"x must be float32 (the gguf weights mode runs in float32), got {x.dtype}")
         x2 = x.reshape(-1, self.in_features)                  # a view: decode's x is [B, K] already
         if x2.shape[0] <= DECODE_ROWS and self._op is not None:                  # a decode step: the kernel
-            y = self._op(x2, self.codes, self.scale, self.offset, self.bits, self.group)
-            y = y if self.bias is None else y + self.bias
+            y = self.codes_matmul(x2)
         elif self._prefill_dtype is torch.float32:                             # a prefill chunk: MKL
             y = F.linear(x2, self.prefill_weight(), self.bias)
         else:                                                                    # ... or a bfloat16 matmul
@@ -333,6 +332,15 @@ class QuantLinear(nn.Module):
             y = F.linear(x2.to(self._prefill_dtype), self.prefill_weight()).float()
             y = y if self.bias is None else y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def codes_matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 [R, K] float32 -> [R, N] float32 through the kernel that reads the codes in place (int8 activations where
+        bound: `set_activations`), for any R: what `forward` runs for up to DECODE_ROWS rows.
+        benchmarks/bench_decode_rows.py times it against a held W to place that threshold."""
+        if self._op is None:
+            raise RuntimeError("QuantLinear.codes_matmul: the CPU extension is unavailable (kernels.cpu_decode.reason())")
+        y = self._op(x2, self.codes, self.scale, self.offset, self.bits, self.group)
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         act = (", int8 activations" if self.int8_activations else "") + (f", {self.prefill} prefill" if self.prefill != "float32" else "")
@@ -436,6 +444,25 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path) -> nn.Module:
         if isinstance(mlp.gate_proj, QuantLinear) and isinstance(mlp.up_proj, QuantLinear):
             mlp.gate_up_proj = fuse([mlp.gate_proj, mlp.up_proj])
     return model
+
+
+def step_projections(layer: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
+    """The input projections a forward step of `layer` runs: its attention's ([qkv_proj] where the gguf mode fused
+    q, k and v, else [q_proj, k_proj, v_proj]) and its MLP's ([gate_up_proj], else [gate_proj, up_proj]). A fused
+    layer keeps its parts as modules too (`fuse`), so walking `model.modules()` would count them twice."""
+    a, m = layer.mix, layer.mlp
+    return ([a.qkv_proj] if a.qkv_proj is not None else [a.q_proj, a.k_proj, a.v_proj],
+            [m.gate_up_proj] if m.gate_up_proj is not None else [m.gate_proj, m.up_proj])
+
+
+def step_linears(model: nn.Module) -> list[nn.Module]:
+    """Every linear map one forward step of `model` runs, in order: per layer its q, k, v (`step_projections`), o,
+    gate, up and down projections, then the lm_head."""
+    out = []
+    for layer in model.layers:
+        qkv, gu = step_projections(layer)
+        out += qkv + [layer.mix.o_proj] + gu + [layer.mlp.down_proj]
+    return out + [model.lm_head]
 
 
 def set_activations(model: nn.Module, activations: str) -> nn.Module:
