@@ -39,24 +39,18 @@ def case(layers, rows: int, repeats: int) -> dict:
     xs = [torch.randn(rows, m.in_features) for m in layers]
     ws = [m.prefill_weight() for m in layers]                  # held: dequantised once, before any timing
 
-    def kernel() -> float:
-        t0 = time.perf_counter()
-        for m, x in zip(layers, xs):
-            m.codes_matmul(x)
-        return time.perf_counter() - t0
-
-    def held() -> float:
+    def run(codes: bool) -> float:
+        """Every layer once: through the codes kernel, or the matmul by the held W."""
         t0 = time.perf_counter()
         for m, w, x in zip(layers, ws, xs):
-            F.linear(x, w, m.bias)
+            if codes:
+                m.codes_matmul(x)
+            else:
+                F.linear(x, w, m.bias)
         return time.perf_counter() - t0
-    kernel(), held()                                           # warm-up, untimed
-    times = {"kernel": [], "held": []}
-    for r in range(repeats):
-        for k in (("kernel", "held") if r % 2 == 0 else ("held", "kernel")):
-            times[k].append(kernel() if k == "kernel" else held())
-    ratio = rep.paired_ratio(times["kernel"], times["held"])
-    return {"rows": rows, "kernel_s": rep.spread(times["kernel"]).as_dict(), "held_s": rep.spread(times["held"]).as_dict(),
+    kernel, held = rep.both_ways(run, repeats)                 # a warm-up each way, then alternating rounds
+    ratio = rep.paired_ratio(kernel, held)
+    return {"rows": rows, "kernel_s": rep.spread(kernel).as_dict(), "held_s": rep.spread(held).as_dict(),
             "kernel_vs_held": {**ratio.as_dict(), "verdict": rep.verdict(ratio)}}
 
 

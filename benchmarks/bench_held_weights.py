@@ -47,14 +47,11 @@ PARTS = ("chunks", "steps", "run")     # a served run's prefill chunks, its deco
 
 
 def held_and_unheld(run, rounds: int) -> dict[str, list]:
-    """One untimed call of `run(hold)` each way, then `rounds` rounds calling it both ways, held first in even
-    rounds: {"held": [...], "unheld": [...]} of what it returned, round by round."""
-    run(True), run(False)                                        # warm-up, untimed
-    out = {"held": [], "unheld": []}
-    for r in range(rounds):
-        for k in (("held", "unheld") if r % 2 == 0 else ("unheld", "held")):
-            out[k].append(run(k == "held"))
-    return out
+    """`repeats.both_ways` over `run(hold)` (a warm-up each way, then rounds, held first in even rounds):
+    {"held": [...], "unheld": [...]} of what it returned, round by round."""
+    from benchmarks import repeats
+    held, unheld = repeats.both_ways(run, rounds)
+    return {"held": held, "unheld": unheld}
 
 
 def paired(held: list[float], unheld: list[float]) -> dict:

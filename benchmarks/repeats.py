@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 NOISE_MARGIN = 0.05       # a ratio must clear 1 by this much, at its interval's nearer end, to be called a win or a loss
 INTERVAL = "min-max of the repeats (order-statistic interval for the median, coverage 1 - 2 * 0.5**n)"
@@ -66,6 +68,18 @@ def span_text(values: Sequence[float], digits: int = 2) -> str:
         raise ValueError("no ratios to give a range of")
     lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
     return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+
+def both_ways(run: Callable[[bool], T], rounds: int) -> tuple[list[T], list[T]]:
+    """One untimed call of `run(True)` and one of `run(False)`, then `rounds` rounds calling it both ways, True first
+    in even rounds (so neither side always runs on the other's warm caches): what `run(True)` and `run(False)`
+    returned, round by round, for `paired_ratio`."""
+    run(True), run(False)                                        # warm-up, untimed
+    out: dict[bool, list[T]] = {True: [], False: []}
+    for r in range(rounds):
+        for side in ((True, False) if r % 2 == 0 else (False, True)):
+            out[side].append(run(side))
+    return out[True], out[False]
 
 
 def paired_ratio(num: Sequence[float], den: Sequence[float]) -> Spread:

@@ -365,3 +365,15 @@ def test_the_decode_rows_table_gives_each_width_its_ratio_and_the_first_slower_w
     assert "| m | int8 | 16 | 143.00 [140.00-150.00] ms | 130.00 [120.00-140.00] ms | 1.10 [1.07-1.11] slower |" in lines
     assert lines[-1] == "First width where the kernel is slower: m int8 16; m float32 none measured."
     assert report.decode_rows_table(tmp_path / "absent.json") == ""
+
+
+def test_both_ways_warms_up_each_side_then_alternates_which_runs_first():
+    from benchmarks import repeats
+    calls = []
+
+    def run(side):
+        calls.append(side)
+        return len(calls)
+    a, b = repeats.both_ways(run, 3)
+    assert calls == [True, False, True, False, False, True, True, False]
+    assert a == [3, 6, 7] and b == [4, 5, 8]
