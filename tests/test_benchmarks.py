@@ -145,6 +145,13 @@ def test_the_first_token_probe_records_both_picks_and_their_gaps(tmp_path):
         bench_first_token.main(["--length", "1"])
 
 
+def layer_weights(c) -> int:
+    """Weights in one layer of a model with config `c`: q, k, v (dim x (Hq + 2 H) D), o ((Hq D) x dim), gate and up
+    (dim x 2 I) and down (I x dim)."""
+    return c.dim * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads * c.head_dim * c.dim \
+        + 3 * c.dim * c.intermediate_size
+
+
 def test_the_held_weights_benchmark_times_both_and_records_the_bytes_held(tmp_path):
     """SmolLM2 at 600 tokens in chunks of 256 (3 chunks), float32, 2 rounds: both variants timed in every round, the
     paired ratio with a verdict, and the bytes held equal to the W a prefill chunk multiplies by, in float32: per
@@ -163,9 +170,7 @@ def test_the_held_weights_benchmark_times_both_and_records_the_bytes_held(tmp_pa
     import sparsekv as sk
     from benchmarks.bench_vs_llamacpp import model_file
     c = sk.load_model(model_file("smollm2", 1)[0], weights="gguf").config
-    per_layer = c.dim * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads * c.head_dim * c.dim \
-        + 3 * c.dim * c.intermediate_size
-    assert case["held_bytes"] == 4 * c.n_layers * per_layer
+    assert case["held_bytes"] == 4 * c.n_layers * layer_weights(c)
     (serve,) = d["serving"]          # 18 prompts of 14 tokens (one chunk), 2 new: one decode step of all 18 rows
     assert serve["requests"] == 18 and serve["max_batch"] == 18 and serve["same_tokens"] is True
     assert 0 < serve["decode_steps_wider"] <= serve["decode_steps"] and serve["preemptions"] == 0
@@ -206,9 +211,8 @@ def test_the_decode_rows_benchmark_times_both_paths_at_each_width_and_refuses_ba
     layers = quant.step_linears(model)                  # fused q, k, v and gate, up: 4 per layer and the lm_head
     c = model.config
     assert run["linears"] == len(layers) == 4 * c.n_layers + 1
-    per_layer = c.dim * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads * c.head_dim * c.dim \
-        + 3 * c.dim * c.intermediate_size                # each W counted once, the parts of a fused one not again
-    assert run["weight_bytes_held"] == 4 * (c.n_layers * per_layer + c.vocab_size * c.dim)
+    # each W counted once: the parts of a fused projection not again
+    assert run["weight_bytes_held"] == 4 * (c.n_layers * layer_weights(c) + c.vocab_size * c.dim)
     x = torch.randn(24, layers[0].in_features)           # the kernel at any width is the matmul by W, to rounding
     torch.testing.assert_close(layers[0].codes_matmul(x), x @ layers[0].dequantized().T, rtol=1e-4, atol=1e-4)
     for bad in (["--repeats", "1"], ["--rows", "0"], ["--threads", "0"]):
