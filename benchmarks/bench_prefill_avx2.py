@@ -23,9 +23,10 @@ oneDNN has AMX tiles, "sdpa_amx").
 Each is timed with one warm-up call discarded, then the median of --repeats calls, at --threads threads (1 by
 default: a per-core rate), and reported as seconds, GFLOP/s (4 T Hq D FLOPs per visible key of each query) and the
 ratio to SDPA at the same input dtype, measured in the same run. Every kernel output is also checked against SDPA in
-float32 (max |diff| recorded). `--cpu alt` re-runs this script under `suite.cpuconfig.environment("alt")`: the
+float32 (max |diff| recorded). `--cpu alt` re-runs this script under `suite.cpuconfig.environment("avx2")`: the
 extension built for x86-64-v3 (AVX2 + FMA, no AVX-512), ATen's AVX2 kernels and oneDNN and MKL capped at AVX2, so a
-machine with AVX-512 measures what an AVX2 machine would run (not its clock or caches: the JSON names the CPU). This
+machine with AVX-512 measures what an AVX2 machine would run (not its clock or caches: the JSON names the CPU), and
+an AVX2-only machine what it runs natively (never the portable build, cpuconfig's "alt" there). This
 machine is shared with other developers: numbers move by tens of percent between runs; ratios measured in one run
 move less. Results go to benchmarks/results/prefill_avx2.json.
 """
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
     if args.cpu == "alt" and not args.inner:
         # ATen reads ATEN_CPU_CAPABILITY when torch is imported: the measurement runs in a fresh process
         from sparsekv.suite import cpuconfig
-        env = {**os.environ, **cpuconfig.environment("alt", threads=args.threads)}
+        env = {**os.environ, **cpuconfig.environment("avx2", threads=args.threads)}
         return subprocess.run([sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None
                                                                                  else sys.argv[1:]), "--inner"],
                               env=env, cwd=ROOT).returncode

@@ -6,9 +6,10 @@
         --skip-agreement --skip-profile --run-kind "short verification run" --out build/vs.json   # a short run
     make bench-peers-avx2 && python -m benchmarks.bench_vs_llamacpp --cpu alt ...   # this CPU as an AVX2 machine
 
-`--cpu alt` measures both engines' AVX2 paths on a CPU that has AVX-512: sparsekv under `suite.cpuconfig`'s "alt"
-environment (ATen's AVX2 kernels, oneDNN and MKL capped at AVX2, the extension built for x86-64-v3, so a float32
-prefill and no bfloat16 dot products) at `--threads`, and llama.cpp built without AVX-512 into build/llama-avx2. It
+`--cpu alt` measures both engines' AVX2 paths on any CPU with AVX2 and FMA: sparsekv under `suite.cpuconfig`'s
+"avx2" environment (ATen's AVX2 kernels, oneDNN and MKL capped at AVX2, the extension built for x86-64-v3, so a
+float32 prefill and no bfloat16 dot products; on an AVX2-only CPU, the paths "native" takes) at `--threads`, and
+llama.cpp built without AVX-512 into build/llama-avx2. It
 stands in for an AVX2-only machine's instruction set, not for its caches, clocks or memory: the JSON's `cpu_config`
 says what was forced, and the report labels the run.
 
@@ -706,7 +707,7 @@ def main(argv=None) -> int:
         import subprocess
 
         from sparsekv.suite import cpuconfig
-        env = {**os.environ, **cpuconfig.environment("alt", threads=args.threads)}
+        env = {**os.environ, **cpuconfig.environment("avx2", threads=args.threads)}
         return subprocess.run([sys.executable, "-m", "benchmarks.bench_vs_llamacpp",
                                *(argv if argv is not None else sys.argv[1:]), "--inner"], env=env, cwd=ROOT).returncode
     if args.llama_path is not None:

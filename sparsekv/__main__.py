@@ -8,6 +8,7 @@
     calibrate [--model M]                  calibrate the `labels` router's channels (analysis.calibrate)
     sweep NOTEBOOK --grid G.yaml           a parameter grid over a notebook, on Ray (suite.sweep)
     book [--out DIR]                       the static site of the docs and executed notebooks (suite.book)
+    as-avx2 [--emulate MODEL] -- CMD       run CMD as an AVX2-only machine sees itself (suite.avx2_view; root)
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import sys
 COMMANDS = {"notebooks": "sparsekv.suite.runner", "train": "sparsekv.recall.train",
             "fetch": "sparsekv.model.fetch", "findings": "sparsekv.studies.findings.page",
             "calibrate": "sparsekv.analysis.calibrate", "sweep": "sparsekv.suite.sweep",
-            "book": "sparsekv.suite.book", "frontpage": "sparsekv.studies.equal_bytes.frontpage"}
+            "book": "sparsekv.suite.book", "as-avx2": "sparsekv.suite.avx2_view",
+            "frontpage": "sparsekv.studies.equal_bytes.frontpage"}
 
 
 def pages() -> tuple:

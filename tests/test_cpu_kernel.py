@@ -52,6 +52,7 @@ GRID = [(G, D, dt, n) for G in (1, 2, 3, 4, 8) for D in (64, 128) for dt in (tor
         for n in (1, 37, 16 * 9 + 5)]
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("G,D,dtype,n", GRID)
 def test_dense_matches_float64(kernel_only, G, D, dtype, n):
     H = 2
@@ -67,6 +68,7 @@ def test_dense_matches_float64(kernel_only, G, D, dtype, n):
 
 @pytest.mark.parametrize("G,D,dtype", [(G, D, dt) for G in (1, 3, 8) for D in (64, 128)
                                        for dt in (torch.float32, torch.bfloat16)])
+@pytest.mark.isa
 def test_sparse_matches_float64_with_padded_selections(kernel_only, G, D, dtype):
     H, bs, n = 3, 16, 16 * 11 + 9
     store, seq, g = filled(H, D, n, dtype, seed=G + D, fragment=True)
@@ -125,6 +127,7 @@ def test_engine_greedy_tokens_match_the_torch_path(monkeypatch):
     assert outs["cpp", "dense"] == outs["torch", "dense"] and outs["cpp", "routed"] == outs["torch", "routed"]
 
 
+@pytest.mark.isa
 def test_bad_calls_and_fallbacks():
     store, seq, g = filled(2, 64, 40, torch.float32, seed=1)
     from sparsekv.core.backend import resolve
@@ -190,6 +193,7 @@ def _inp(q, store, seq, table):
     return ScoreInput(q.view(H, -1, q.shape[-1]).float(), store, seq, 0, table)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("summary_dtype", ["fp32", "bf16"])
 def test_fused_minmax_scores_match_the_torch_definition(summary_dtype):
     H, G, D, n = 3, 3, 64, 16 * 9 + 2
@@ -219,6 +223,7 @@ def test_summary_dtype_is_checked():
 
 # -- head dims off the 32-lane grid, empty heads, any physical order --------------------------------
 
+@pytest.mark.isa
 @pytest.mark.parametrize("D,dtype", [(72, torch.float32), (72, torch.bfloat16), (40, torch.float32), (8, torch.bfloat16)])
 def test_head_dims_with_a_partial_lane_group(kernel_only, D, dtype):
     """The kernel reads rows 32 elements at a time; a head dim that is not a multiple of 32 ends in a
@@ -272,6 +277,7 @@ def _route_pair(scorer, store, seq, q, **kw):
 
 @pytest.mark.parametrize("G,D,summary_dtype", [(G, D, sd) for G in (1, 2, 3, 8) for D in (64, 128, 72)
                                                for sd in ("fp32", "bf16")])
+@pytest.mark.isa
 def test_fused_route_selects_what_the_torch_router_selects(monkeypatch, G, D, summary_dtype):
     H, bs = 3, 16
     g = torch.Generator().manual_seed(G * 100 + D)

@@ -76,6 +76,7 @@ def _cfg(hq: int, h: int, d: int, block: str, windows: tuple = ()) -> ModelConfi
                        windows=windows, rope_theta_local=1e3 if windows else 0.0, max_seq_len=512, name="fused-test")
 
 
+@pytest.mark.isa
 @kernel_only
 @pytest.mark.parametrize("hq,h,d,block,windows", CASES)
 @pytest.mark.parametrize("fuse", [True, False])

@@ -167,6 +167,7 @@ case("plan.sparse: no sequence b = 1", "ValueError", lambda: plan.sparse(0, q, g
 '''
 
 
+@pytest.mark.isa
 def test_paged_decode_refuses_what_it_cannot_read():
     run_cases(PAGED)
 
@@ -245,6 +246,7 @@ case("wrapper: route_topk with a list", "TypeError", lambda: cpu_decode.route_to
 '''
 
 
+@pytest.mark.isa
 def test_routing_refuses_what_it_cannot_read():
     run_cases(ROUTE)
 
@@ -315,6 +317,7 @@ case("wrapper: qlinear with a list", "TypeError", lambda: cpu_decode.qlinear([1.
 '''
 
 
+@pytest.mark.isa
 def test_the_quantised_linears_refuse_what_they_cannot_read():
     run_cases(QLINEAR)
 
@@ -359,6 +362,7 @@ case("k and v of two shapes", "ValueError", lambda: pf(v=v[:10]), "one shape")
 '''
 
 
+@pytest.mark.isa
 def test_prefill_attention_refuses_what_it_cannot_read():
     run_cases(PREFILL)
 
@@ -396,6 +400,7 @@ case("wrapper: q0 past the keys", "ValueError", lambda: cpu_decode.prefill_attn_
 '''
 
 
+@pytest.mark.isa
 def test_the_float32_prefill_kernel_refuses_what_it_cannot_read():
     run_cases(PREFILL_F32)
 
@@ -547,6 +552,7 @@ case("pools of head dim D + 1", "ValueError",
 '''
 
 
+@pytest.mark.isa
 def test_decode_layer_refuses_what_it_cannot_read_before_it_writes():
     run_cases(DECODE_LAYER)
 

@@ -100,6 +100,7 @@ GRID = [(1, 64, torch.bfloat16), (3, 64, torch.float32), (2, 48, torch.bfloat16)
 @pytest.mark.parametrize("G,D,dtype", GRID)
 @pytest.mark.parametrize("T,N,window,k0", [(37, 37, 0, 0), (77, 301, 0, 5), (130, 1111, 0, 0), (29, 333, 50, 3),
                                           (130, 700, 40, 0), (61, 711, 300, 2), (1, 517, 0, 0), (1, 517, 7, 1)])
+@pytest.mark.isa
 def test_matches_float64_within_the_derived_bound(G, D, dtype, T, N, window, k0):
     """A first chunk (T = N), chunks over a prefix, keys starting after position 0 (a window layer's store view),
     windows narrower and wider than the chunk (crossing 256-key blocks), one query (a decode-sized chunk); tiles of
@@ -116,6 +117,7 @@ def test_mixed_dtypes_and_uniform_weights():
     check(torch.zeros(45, 6, 64), k, v, 355, 0, 33)
 
 
+@pytest.mark.isa
 def test_exp_stays_within_EXP_ERR():
     """One query over two keys with equal values 1 and 0: the output is w / (1 + w) with w = exp(s) of the score gap,
     so the kernel's exp is read back; over 2,001 gaps in [-80, 0] its relative error stays under the EXP_ERR the
@@ -139,6 +141,7 @@ def test_exp_stays_within_EXP_ERR():
     assert worst <= EXP_ERR + 87.3 * U + 4 * U, f"exp's relative error reached {worst / U:.1f} u"
 
 
+@pytest.mark.isa
 def test_a_wrong_mask_would_fail_it():
     """The bound separates: the same inputs with the window off, or one position off, miss it."""
     q, k, v = case(64, 300, 4, 1, 64, seed=5)
@@ -304,6 +307,7 @@ def test_the_avx2_build_takes_it_for_bf16_chunks():
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
 
 
+@pytest.mark.isa
 def test_bad_calls_name_the_argument():
     q, k, v = case(8, 20, 4, 2, 64, seed=1)
     with pytest.raises(TypeError, match="q must have dtype"):

@@ -82,6 +82,7 @@ def fits(K, scale, offset) -> int:
 @pytest.mark.parametrize("bits,group,scale,offset", layouts())
 @pytest.mark.parametrize("N,K,M", [(37, 96, 1), (5, 32, 2), (129, 576, 3), (64, 1536, 4), (7, 160, 5), (33, 64, 17),
                                    (9, 2336, 2)])          # 2336: 73 groups of 32, one scale chunk (64) and an odd tail
+@pytest.mark.isa
 def test_the_kernel_matches_a_float64_reference(bits, group, scale, offset, N, K, M):
     """Bound: each weight is rounded once (u |w|), and each lane's sum runs over K / 64 products, then 2 adds of the
     accumulators and 4 of the tree: |y - y64| <= (K / 64 + 8) u sum |w x| (a first-order gamma_n bound, doubled).
@@ -213,6 +214,7 @@ def int8_layouts():
 @pytest.mark.parametrize("bits,group,scale,offset", int8_layouts())
 @pytest.mark.parametrize("N,K,M", [(37, 96, 1), (5, 32, 2), (129, 576, 3), (64, 1536, 4), (7, 160, 5), (33, 64, 17),
                                    (9, 2336, 2)])          # 2336: 73 groups of 32, one scale chunk (64) and an odd tail
+@pytest.mark.isa
 def test_the_int8_activation_kernel_matches_a_float64_reference(bits, group, scale, offset, N, K, M):
     """Against float64 over the kernel's own q and d, (q d) . W^T: the integer dots are exact, so the error is
     float32's on the per-group terms d s sum u q and d (o - s bias) sum q (bias: 0, 16, 32 for 4, 5, 6 bits; a

@@ -10,6 +10,9 @@ Each of those can be forced on any machine, which is what `alt` does:
     alt      ATen's AVX2 kernels (or its default ones without AVX2), MKL and oneDNN capped at AVX2, one thread,
              and the C++ extension built for another -march (`alt_arch`): x86-64-v3 (AVX2 + FMA) on a machine
              with AVX-512, else x86-64 (neither)
+    avx2     this CPU as an AVX2 machine, whatever else it has: alt's caps, one thread, and the extension built
+             for x86-64-v3 on every CPU with AVX2 and FMA (ValueError on one without). What a benchmark's
+             `--cpu alt` runs: on an AVX2-only CPU "alt" is the portable build, which no AVX2 machine runs
 
     python -m sparsekv notebooks smoke --cpu alt 02 09     # the baselines, under the other configuration
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CONFIGS = ("native", "alt")
+CONFIGS = ("native", "alt", "avx2")
 
 
 def _cpuinfo(field: str) -> str | None:
@@ -61,14 +64,17 @@ def environment(name: str, threads: int | None = None) -> dict[str, str]:
         raise ValueError(f"name must be one of {list(CONFIGS)}, got {name!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    flags = cpu_flags() if name != "native" else set()
+    if name == "avx2" and not {"avx2", "fma"} <= flags:
+        raise ValueError("name 'avx2' needs a CPU with AVX2 and FMA (/proc/cpuinfo's flags), and this one has "
+                         f"{sorted(flags & {'avx2', 'fma'}) or 'neither'}")
     if name == "native":
         env = {}
     else:
-        flags = cpu_flags()
         env = {"ATEN_CPU_CAPABILITY": "avx2" if "avx2" in flags else "default",
                "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "SPARSEKV_CPU_ARCH": alt_arch(flags)}
+               "SPARSEKV_CPU_ARCH": "x86-64-v3" if name == "avx2" else alt_arch(flags)}
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env

@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..core.tables import format_table
+from . import cpuconfig
 from .notebook import KERNEL, NotebookRun, kernel_name, run_notebook  # noqa: F401  (also named here, as before)
 from .params import check as check_parameters
 
@@ -112,7 +113,6 @@ def run_all(mode: str, names: list[str] | None = None, out: Path | None = None,
     pages rendered from the committed metrics (`python -m sparsekv notebooks` passes the findings page and the
     README's results table; the suite knows no study, so it is handed them).
     """
-    from . import cpuconfig
     env = cpuconfig.environment(cpu)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
@@ -156,7 +156,6 @@ def _record_baselines(paths, params, out, figures, timeout, cpu, root, stream) -
     """Each notebook under configuration `cpu`, then under the other one; the first run's metrics, with the spread
     between the two (`regression.record_spread`) and what each configuration ran (`cpuconfig.describe`), become
     its baseline. A notebook that fails under either configuration records nothing."""
-    from . import cpuconfig
     from . import regression as baselines
     other = "alt" if cpu == "native" else "native"
     configurations = {c: cpuconfig.describe(c) for c in (cpu, other)}
@@ -294,7 +293,7 @@ def main(argv: list[str] | None = None, pages: Sequence[Callable[[Path], str]] =
     ap.add_argument("--out", type=Path, default=None, help="folder for executed copies and metrics")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 3600 full, 300 smoke)")
     ap.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: the current folder)")
-    ap.add_argument("--cpu", choices=["native", "alt"], default="native",
+    ap.add_argument("--cpu", choices=list(cpuconfig.CONFIGS), default="native",
                     help="force the notebooks' kernels into a CPU configuration (suite.cpuconfig; default: none)")
     ap.add_argument("--fresh", action="store_true",
                     help="compute every long grid instead of reading results/stored/ (suite.stored)")
