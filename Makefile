@@ -68,9 +68,10 @@ test: setup model kernels
 	$(PY) -m compileall -q -j 0 sparsekv kernels benchmarks >/dev/null
 	$(PY) -m pytest -q $(TEST_ARGS)
 
-# `make test` as an AVX2-only machine sees itself, then the kernels' own checks (marker `isa`) on an emulated one,
-# where an AVX-512 or AMX instruction anywhere stops the process (suite/avx2_view.py, docs/regression.md). Needs root,
-# util-linux's unshare and qemu-user (apt-get install qemu-user). Never part of `make test`: 29 minutes here (2 cores).
+# `make test` as an AVX2-only machine sees itself, then the kernels' own checks (marker `isa`) and one decode of
+# SmolLM2 on an emulated one, where an AVX-512 or AMX instruction anywhere stops the process (suite/avx2_view.py,
+# docs/regression.md). Needs root, util-linux's unshare and qemu-user (apt-get install qemu-user). Never part of
+# `make test`: about 35 minutes on 2 cores.
 test-avx2: setup model
 	$(PY) -m sparsekv as-avx2 -- $(MAKE) test
 	$(PY) -m sparsekv as-avx2 --emulate EPYC-Rome -- $(PY) -m pytest -q -n 0 -p no:cacheprovider -m isa

@@ -105,3 +105,50 @@ def test_under_emulation_an_avx512_instruction_stops_the_process():
     if "avx512f" in cpuconfig.cpu_flags():
         native = run(VPXORD_ZMM)
         assert native.returncode == 0 and native.stdout.strip() == "ran", native.stderr[-2000:]
+
+
+
+def decode_bits(path: str) -> dict:
+    """SmolLM2 in gguf mode: a 12-token prompt, one chunk of at most quant.DECODE_ROWS rows (so every linear map runs
+    the codes kernel, none MKL), then 8 greedy tokens: the tokens, the first logits' bits and ATen's capability."""
+    import hashlib
+
+    import torch
+
+    import sparsekv as sk
+    model, tok = sk.load_model(path, weights="gguf"), sk.load_tokenizer(path)
+    ids = tok("The capital of France is Paris. The capital of Italy is", return_tensors=None)["input_ids"][:12]
+    eng = sk.Engine(model)
+    seq = eng.new_sequence()
+    first = eng.prefill(seq, ids)
+    return {"tokens": eng.decode(seq, 8), "aten": torch.backends.cpu.get_cpu_capability(),
+            "logits": hashlib.sha256(first.float().numpy().tobytes()).hexdigest()}
+
+
+# decode_bits in a child process, which qemu-user does not follow
+CHILD = ("import json, sys; sys.path.insert(0, 'tests'); from test_avx2_view import decode_bits; "
+         "print('DECODE ' + json.dumps(decode_bits(sys.argv[1])))")
+CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "SPARSEKV_CPU_ARCH", avx2_view.EMULATED)
+
+
+@pytest.mark.isa
+@pytest.mark.skipif(avx2_view.EMULATED not in os.environ,
+                    reason="compares an emulated CPU with this one: runs in `make test-avx2`'s --emulate step")
+def test_the_engine_decodes_the_same_bits_on_the_emulated_cpu_as_on_this_one():
+    """SmolLM2 in gguf mode, decoded in this process (qemu's AVX2-only AMD EPYC Rome: its cpuid, ATen's AVX2 kernels,
+    the x86-64-v3 extension) and in a child process: this CPU's native paths, without the view's caps (AVX-512 here).
+    The same greedy tokens and the same bits of the first logits: the extension's kernels and ATen's ops between
+    them give the same bits on both CPUs (2026-12-07: 326 s, both together)."""
+    import json
+
+    from sparsekv.model import fetch
+    path = fetch.model_path(fetch.SMOLLM2, ROOT)
+    if not path.is_file():
+        pytest.skip("SmolLM2's GGUF is not fetched (make model)")
+    here = decode_bits(str(path))
+    env = {k: v for k, v in os.environ.items() if k not in CAPS}
+    run = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    there = json.loads(next(ln for ln in run.stdout.splitlines() if ln.startswith("DECODE "))[7:])
+    assert here["aten"] == "AVX2" and here["tokens"] and here["logits"]
+    assert (here["tokens"], here["logits"]) == (there["tokens"], there["logits"]), (here, there)

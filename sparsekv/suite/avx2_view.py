@@ -12,7 +12,8 @@ to check the suite on (issue 57), so the suite's CPU-dependent branches are chec
         The same, under qemu-user emulating that CPU model (its cpuid says AVX2 and FMA, no AVX-512, no AMX), so an
         AVX-512 or AMX instruction anywhere (torch, MKL, oneDNN, the extension) ends the process with SIGILL. About
         8,000 times slower at a float32 matmul, so `make test-avx2` runs only the kernels' own checks there (marker
-        `isa`). qemu-user follows no exec: a child process (a compiler, a pytest-xdist worker) runs natively.
+        `isa`). qemu-user follows no exec: a child process (a compiler, a pytest-xdist worker) runs natively. The
+        command gets SPARSEKV_EMULATED_CPU=MODEL, so a test can tell that it runs emulated.
 
 What it does not stand in for: an AVX2 machine's clocks, caches and memory (timings mean nothing here), and MKL's
 vendor dispatch (without --emulate the CPU still says Intel).
@@ -37,6 +38,7 @@ from . import cpuconfig
 # that have AVX-512 or AMX beside them
 MASKED_PREFIXES = ("avx512", "avx10", "amx", "avx_vnni", "avx_ifma", "avx_ne_convert")
 MODEL_SUFFIX = " (as AVX2: AVX-512 and AMX masked)"
+EMULATED = "SPARSEKV_EMULATED_CPU"       # set to --emulate's model for the command it runs
 # binds the file named by $0 over /proc/cpuinfo in the new mount namespace, then becomes the command
 _BIND = 'mount --bind "$0" /proc/cpuinfo && exec "$@"'
 
@@ -53,11 +55,11 @@ def mask_cpuinfo(text: str) -> str:
     out = []
     for line in text.splitlines(keepends=True):
         key, sep, value = line.partition(":")
-        end = "\n" if line.endswith("\n") else ""
+        body, end = value.rstrip("\n"), "\n" if line.endswith("\n") else ""
         if sep and key.strip() == "flags":
-            line = f"{key}: {' '.join(w for w in value.split() if not masked(w))}{end}"
-        elif sep and key.strip() == "model name" and not value.rstrip("\n").endswith(MODEL_SUFFIX):
-            line = f"{key}:{value.rstrip(chr(10))}{MODEL_SUFFIX}{end}"
+            line = f"{key}: {' '.join(w for w in body.split() if not masked(w))}{end}"
+        elif sep and key.strip() == "model name" and not body.endswith(MODEL_SUFFIX):
+            line = f"{key}:{body}{MODEL_SUFFIX}{end}"
         out.append(line)
     return "".join(out)
 
@@ -88,8 +90,8 @@ def check_host(emulate: str | None) -> None:
     if os.geteuid() != 0:
         raise SystemExit("as-avx2: needs root, for the private mount namespace that binds the masked /proc/cpuinfo "
                          "(CI runs as root)")
-    for tool, package in (("unshare", "util-linux"), ("mount", "mount")) + ((("qemu-x86_64", "qemu-user"),)
-                                                                          if emulate else ()):
+    packages = {"unshare": "util-linux", "mount": "mount"} | ({"qemu-x86_64": "qemu-user"} if emulate else {})
+    for tool, package in packages.items():
         if shutil.which(tool) is None:
             raise SystemExit(f"as-avx2: no `{tool}` on PATH (apt-get install {package})")
     if emulate is not None and emulate not in qemu_models():
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give the command after --, e.g. `python -m sparsekv as-avx2 -- make test`")
     check_host(args.emulate)
     env = {**os.environ, **environment()}          # ValueError from cpuconfig on a CPU without AVX2 and FMA
+    if args.emulate:
+        env[EMULATED] = args.emulate
     text = Path("/proc/cpuinfo").read_text()
     dropped = sorted({w for line in text.splitlines() if line.startswith("flags")
                       for w in line.split(":", 1)[1].split() if masked(w)})
