@@ -1,5 +1,6 @@
 """`suite.avx2_view`: this CPU as an AVX2-only machine sees itself (`make test-avx2`), its masked /proc/cpuinfo kept to
-one mount namespace, and qemu's emulated CPU, under which an AVX-512 instruction stops the process."""
+one mount namespace; qemu's emulated CPU, under which an AVX-512 instruction stops the process; and, run only under
+that emulation, the engine's decode there against this CPU's, bit for bit."""
 import os
 import shutil
 import subprocess

@@ -11,9 +11,10 @@ to check the suite on (issue 57), so the suite's CPU-dependent branches are chec
     python -m sparsekv as-avx2 --emulate EPYC-Rome -- python -m pytest -n 0 -m isa
         The same, under qemu-user emulating that CPU model (its cpuid says AVX2 and FMA, no AVX-512, no AMX), so an
         AVX-512 or AMX instruction anywhere (torch, MKL, oneDNN, the extension) ends the process with SIGILL. About
-        8,000 times slower at a float32 matmul, so `make test-avx2` runs only the kernels' own checks there (marker
-        `isa`). qemu-user follows no exec: a child process (a compiler, a pytest-xdist worker) runs natively. The
-        command gets SPARSEKV_EMULATED_CPU=MODEL, so a test can tell that it runs emulated.
+        8,000 times slower at a float32 matmul, so `make test-avx2` runs only the kernels' own checks and one
+        8-token decode of SmolLM2 there (marker `isa`). qemu-user follows no exec: a child process (a compiler, a
+        pytest-xdist worker) runs natively. The command gets SPARSEKV_EMULATED_CPU=MODEL, so a test can tell that it
+        runs emulated.
 
 What it does not stand in for: an AVX2 machine's clocks, caches and memory (timings mean nothing here), and MKL's
 vendor dispatch (without --emulate the CPU still says Intel).
