@@ -525,8 +525,7 @@ def held_weights_table(path: Path = RESULTS / "held_weights.json") -> str:
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for c in d["cases"]:
         h, u, r = c["held_s"], c["unheld_s"], c["held_vs_unheld"]
-        lines.append(f"| {c['model']} | {c['prefill']} | {c['length']:,} | {h['median']:.2f} [{h['lo']:.2f}-{h['hi']:.2f}] s"
-                     f" | {u['median']:.2f} [{u['lo']:.2f}-{u['hi']:.2f}] s | {_iv(r)} {r['verdict']} | "
+        lines.append(f"| {c['model']} | {c['prefill']} | {c['length']:,} | {_iv(h)} s | {_iv(u)} s | {_iv(r)} {r['verdict']} | "
                      f"{c['held_bytes'] / 2**20:.0f} MiB |")
     if d.get("serving"):
         lines += ["", "Served (`Scheduler.run` inside `quant.held_weights`, or not): one burst of distinct prompts, "

@@ -115,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.emulate:
         env[EMULATED] = args.emulate
     text = Path("/proc/cpuinfo").read_text()
-    dropped = sorted({w for line in text.splitlines() if line.startswith("flags")
-                      for w in line.split(":", 1)[1].split() if masked(w)})
+    dropped = sorted(f for f in cpuconfig.cpu_flags() if masked(f))
     with tempfile.TemporaryDirectory(prefix="sparsekv-avx2-") as d:
         view = Path(d) / "cpuinfo"
         view.write_text(mask_cpuinfo(text))
