@@ -57,10 +57,12 @@ smoke: setup model
 # `make test TEST_ARGS="-n 0"` for one process.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadscope
-# The CPU extension (kernels/cpu_decode.py) for this CPU, built once before the tests rather than by whichever test
-# asks first; a machine without a compiler gets the torch path and a line that says why.
+# The CPU extension (kernels/cpu_decode.py) for this CPU and for each configuration the tests force (suite.cpuconfig:
+# "alt", "avx2"), built at once before the tests rather than by whichever test asks first (on a fresh clone, CI's
+# tests compiled two of them beside the other workers); a machine without a compiler gets the torch path and a line
+# that says why.
 kernels: setup
-	$(PY) -c "from sparsekv.kernels import cpu_decode as c; print('cpu extension:', 'ready' if c.load() else c.reason())"
+	$(PY) -m sparsekv kernels
 
 # The package's own modules compiled once (an editable install's sources: the reason above; a stale .pyc is never
 # used, Python checks each against its source), then the tests.

@@ -9,6 +9,7 @@
     sweep NOTEBOOK --grid G.yaml           a parameter grid over a notebook, on Ray (suite.sweep)
     book [--out DIR]                       the static site of the docs and executed notebooks (suite.book)
     as-avx2 [--emulate MODEL] -- CMD       run CMD as an AVX2-only machine sees itself (suite.avx2_view; root)
+    kernels [native|alt|avx2 ...]          build the C++ extension for each CPU configuration (suite.cpuconfig)
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ COMMANDS = {"notebooks": "sparsekv.suite.runner", "train": "sparsekv.recall.trai
             "fetch": "sparsekv.model.fetch", "findings": "sparsekv.studies.findings.page",
             "calibrate": "sparsekv.analysis.calibrate", "sweep": "sparsekv.suite.sweep",
             "book": "sparsekv.suite.book", "as-avx2": "sparsekv.suite.avx2_view",
+            "kernels": "sparsekv.suite.cpuconfig",
             "frontpage": "sparsekv.studies.equal_bytes.frontpage"}
 
 

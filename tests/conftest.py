@@ -104,7 +104,8 @@ def feed_last_against_all(eng, model, seq, ids, router=None):
 # Seconds each unit of work took in a recorded `make test` (a test module, or one notebook run: its tests' call,
 # setup and teardown summed), to start the longest first: `SPARSEKV_RECORD_DURATIONS=tests/durations.json make test`
 # rewrites it. Stale or missing entries only change the order in which tests start, never what runs or what passes.
-DURATIONS = REPO / "tests" / "durations.json"
+# SPARSEKV_TEST_DURATIONS reads another file (tests/test_conftest.py).
+DURATIONS = Path(os.environ.get("SPARSEKV_TEST_DURATIONS") or REPO / "tests" / "durations.json")
 
 
 def _unit(nodeid: str) -> str:
@@ -124,8 +125,14 @@ def pytest_xdist_make_scheduler(config, log):
     marks, which pytest 9.2 silently turned into one unit per test: xdist 3.8 writes the group into `item._nodeid`,
     which pytest 9.2's `nodeid` no longer reads. Modules were then split over the workers and their module fixtures
     built once per worker (2026-12-05: the SmolLM2 fixture of test_questions three times, two Ray clusters for
-    test_sweep). tests/test_conftest.py checks the units a real run hands out."""
+    test_sweep). tests/test_conftest.py checks the units a real run hands out.
+
+    The units start in collection order, which `pytest_collection_modifyitems` sorts longest first. xdist 3.8's
+    loadscope re-sorts them by their number of tests unless told not to (`--no-loadscope-reorder`), which started
+    every notebook run, one test each, after the modules: the three longest units of a CI-like run (notebooks 13 and
+    22, and 22 under the other configuration) started in its last four minutes (2026-12-07)."""
     from xdist.scheduler import LoadScopeScheduling
+    config.option.loadscopereorder = False
 
     class ByUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

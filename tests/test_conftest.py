@@ -13,17 +13,25 @@ def test_a_module_is_one_unit_and_a_notebook_run_is_its_own():
         "tests/test_notebooks.py::test_notebook_smoke[13_routers]"
 
 
-def test_under_xdist_every_module_runs_whole_on_one_worker():
-    """Two small modules over two workers (13 s of a `make test` on 2 cores, 2026-12-05): with one unit per test,
-    as `--dist loadgroup` gave under pytest 9.2, each module's tests were spread over both workers."""
-    mods = ["tests/test_report.py", "tests/test_router_bytes.py"]
+def test_under_xdist_every_module_runs_whole_on_one_worker_and_the_longest_starts_first(tmp_path):
+    """Three small modules over two workers (13 s of a `make test` on 2 cores, 2026-12-05): with one unit per test,
+    as `--dist loadgroup` gave under pytest 9.2, each module's tests were spread over both workers. The recorded
+    seconds (here a file that calls the module with the fewest tests the longest) decide which unit starts first:
+    xdist's own order, most tests first, would start it last, after another module on its worker."""
+    import json
+    import os
+    mods = ["tests/test_report.py", "tests/test_threads.py", "tests/test_router_bytes.py"]    # 8, 5 and 3 tests
+    (tmp_path / "durations.json").write_text(json.dumps({"test_router_bytes": 9.0, "test_threads": 1.0}))
     run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider", *mods],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+                         cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SPARSEKV_TEST_DURATIONS": str(tmp_path / "durations.json")})
     assert run.returncode == 0, run.stdout[-2000:]
     ran = re.findall(r"^\[(gw\d)\] .*?PASSED (tests/test_\w+\.py)::", run.stdout, re.M)
     workers = {m: {w for w, mm in ran if mm == m} for m in mods}
-    assert len(ran) >= 4 and {m for _, m in ran} == set(mods), run.stdout[-2000:]
+    assert len(ran) >= 16 and {m for _, m in ran} == set(mods), run.stdout[-2000:]
     assert all(len(w) == 1 for w in workers.values()), workers
+    (longest,) = workers["tests/test_router_bytes.py"]
+    assert [m for w, m in ran if w == longest][0] == "tests/test_router_bytes.py", ran
 
 
 def test_a_unit_skipped_here_keeps_the_seconds_recorded_where_it_ran():

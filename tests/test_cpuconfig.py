@@ -55,6 +55,46 @@ def test_avx2_is_the_x86_64_v3_build_on_every_cpu_with_avx2(monkeypatch, flags, 
         assert cpuconfig.environment("alt")["SPARSEKV_CPU_ARCH"] == "x86-64"
 
 
+class _Said:
+    """A stand-in for `subprocess.Popen` in `cpuconfig.build`: says what `cpu_decode.load` says with SPARSEKV_NO_EXT
+    set, without starting Python (the real process runs in the AVX-512 case below, and in every `make kernels`)."""
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def communicate(self, timeout=None):
+        return "SPARSEKV_NO_EXT is set\n", ""
+
+
+@pytest.mark.parametrize("flags,processes", [({"avx2", "fma", "avx512f"}, 2), ({"avx2", "fma"}, 3), ({"sse2"}, 2)])
+def test_make_kernels_builds_once_per_march_and_says_why_a_configuration_is_not_built(monkeypatch, flags, processes):
+    """`make kernels` (`cpuconfig.build`): one process per distinct -march, so "alt" and "avx2" share a build on an
+    AVX-512 CPU and not on an AVX2-only one; "avx2" is not built (and says why) on a CPU without AVX2 and FMA. With
+    SPARSEKV_NO_EXT set no process compiles, and each says why it built nothing (real processes in the first case)."""
+    import subprocess
+    monkeypatch.setattr(cpuconfig, "cpu_flags", lambda: set(flags))
+    monkeypatch.setenv("SPARSEKV_NO_EXT", "1")
+    started, run = [], subprocess.Popen if "avx512f" in flags else _Said
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(k["env"].get("SPARSEKV_CPU_ARCH")) or
+                        run(*a, **k))
+    got = cpuconfig.build()
+    assert list(got) == list(cpuconfig.CONFIGS) and len(started) == processes, (got, started)
+    assert started[0] is None and len(set(started)) == len(started)       # native first; no -march built twice
+    for name, arch in (("native", "native"), ("alt", cpuconfig.alt_arch(flags))):
+        assert got[name] == f"not built ({arch}): SPARSEKV_NO_EXT is set", got
+    if {"avx2", "fma"} <= flags:
+        assert got["avx2"] == "not built (x86-64-v3): SPARSEKV_NO_EXT is set", got
+    else:
+        assert got["avx2"].startswith("not built: name 'avx2' needs a CPU with AVX2 and FMA"), got
+    for bad in ("alt", ["alt", "sse"], [None]):
+        with pytest.raises(ValueError, match="names must be a list of configurations"):
+            cpuconfig.build(bad)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(k["env"].get("SPARSEKV_CPU_ARCH")) or
+                        _Said())
+    assert cpuconfig.main(["native"]) == 0 and len(started) == processes + 1
+    with pytest.raises(SystemExit):
+        cpuconfig.main(["nope"])
+
+
 def test_lacks_avx512_reads_each_library_and_the_extension():
     plain = {"aten": "AVX2", "mkl": "Intel(R) AVX2", "onednn": "Intel AVX2", "extension_arch": "x86-64-v3",
              "bf16_prefill_kernel": False}

@@ -106,3 +106,31 @@ def test_bad_files_are_clear_errors(tmp_path):
         h.string("general.name")
     with pytest.raises(TypeError, match="must be a string"):
         h.string("test.scalar0")
+
+
+def test_a_conversion_reads_each_file_s_metadata_once_and_leaves_gguf_as_it_was(tmp_path):
+    """`checkpoint._one_reader_per_file`: transformers builds a new `gguf.GGUFReader` for a file's config, weights and
+    tokenizer; inside the block every reader of one file is the same object (one parse of the metadata), with the
+    fields a fresh reader reads; another file gets its own; a nested block shares the outer one's readers; on exit,
+    an exception's included, `gguf.GGUFReader` is the class again."""
+    from sparsekv.model import checkpoint
+    real = gguf.GGUFReader
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    write(a)
+    write(b, alignment=64)
+    with checkpoint._one_reader_per_file():
+        first = gguf.GGUFReader(str(a))
+        assert gguf.GGUFReader(a) is first and gguf.GGUFReader(str(tmp_path / "." / "a.gguf")) is first
+        assert gguf.GGUFReader(b) is not first
+        with checkpoint._one_reader_per_file():
+            assert gguf.GGUFReader(a) is first
+        assert gguf.GGUFReader is not real and gguf.GGUFReader(a) is first      # the inner block restored nothing
+        fresh = real(str(a))
+        assert list(first.fields) == list(fresh.fields)
+        assert all(bytes(p) == bytes(q) for k in fresh.fields
+                   for p, q in zip(first.fields[k].parts, fresh.fields[k].parts, strict=True))
+    assert gguf.GGUFReader is real and real(str(a)) is not first
+    with pytest.raises(RuntimeError, match="inside"):
+        with checkpoint._one_reader_per_file():
+            raise RuntimeError("inside")
+    assert gguf.GGUFReader is real

@@ -2,14 +2,13 @@
 
 Llama, Qwen2 and Mistral families, and Gemma 3 (text): what each changes is one row of `families.FAMILIES`.
 Nothing is downloaded: the folder or file must exist locally.
-A `.gguf` file is read once through transformers (which dequantises it to float32, about 20 s
-for SmolLM2-135M) and converted into a safetensors folder beside it, `converted-<sha256>/` (the
-file's full sha256), with the tokenizer and its chat template; later loads read that folder (about
-1 s). The key is the file's hash, so a changed file is converted again, and nothing is written
-outside the file's own folder. The folder is published whole and trusted only when its manifest
-names the file's sha256 and lists exactly its files (`model.cache_folder`); one that does not is
-refused with a ValueError, never loaded, rebuilt over or deleted. Folders named by the older
-16-digit key (`converted-<sha256[:16]>/`) are no longer read.
+A `.gguf` file is read once through transformers (which dequantises it to float32, about 20 s for SmolLM2-135M; its
+metadata parsed once, `_one_reader_per_file`) and converted into a safetensors folder beside it,
+`converted-<sha256>/` (the file's full sha256), with the tokenizer and its chat template; later loads read that
+folder (about 1 s). The key is the file's hash, so a changed file is converted again, and nothing is written outside
+the file's own folder. The folder is published whole and trusted only when its manifest names the file's sha256 and
+lists exactly its files (`model.cache_folder`); one that does not is refused with a ValueError, never loaded,
+rebuilt over or deleted. Folders named by the older 16-digit key (`converted-<sha256[:16]>/`) are no longer read.
 Mistral's sliding window is not applied (full attention), which matches it only for
 contexts inside the window; `load_model` warns when a config sets one. Gemma 3's is (`ModelConfig.windows`).
 
@@ -18,6 +17,7 @@ Gemma 3 file `load_tokenizer` builds a SentencePiece one from the file's own voc
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
@@ -131,8 +131,9 @@ def prepare(gguf: str | Path) -> Path:
     """Build the caches beside a GGUF file that a first load would otherwise build: its safetensors conversion and
     its tokenizer (Gemma 3's SentencePiece cache). `make model` runs it after the fetch, so that tests and notebooks
     started in parallel never convert the same file twice. Returns the conversion folder."""
-    folder = _checkpoint_folder(gguf)
-    load_tokenizer(gguf)
+    with _one_reader_per_file():        # the conversion and Gemma 3's tokenizer read the same metadata
+        folder = _checkpoint_folder(gguf)
+        load_tokenizer(gguf)
     return folder
 
 
@@ -166,15 +167,44 @@ def _checkpoint_folder(path: str | Path) -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def _one_reader_per_file():
+    """Within the block, every `gguf.GGUFReader(path)` of the same file is one reader. transformers builds a fresh
+    reader for a GGUF file's config, again for its weights and again for its tokenizer (as does `model.tokenizer`
+    for Gemma 3's), and each parses the whole metadata element by element: about 26 s for Gemma 3's 262,144-token
+    vocabulary on one core (2026-12-07), most of a conversion. A reader only reads (a memory map of the file), so
+    sharing one changes nothing it returns; `_convert_gguf`'s output is byte for byte the same (both real models,
+    2026-12-07: CHANGELOG)."""
+    import gguf as gguf_py
+    if getattr(gguf_py.GGUFReader, "shares_readers", False):      # inside another such block: its readers
+        yield
+        return
+    real, readers = gguf_py.GGUFReader, {}
+
+    def shared(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = real(path, mode)
+        return readers[key]
+
+    shared.shares_readers = True
+    gguf_py.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf_py.GGUFReader = real
+
+
 def _convert_gguf(gguf: Path, folder: Path, digest: str) -> None:
     """Dequantise `gguf` through transformers and publish config, weights and tokenizer as the cache `folder`."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # Gemma 3's tokenizer comes from the file itself (load_tokenizer); transformers' is wrong and is not kept
-    tok = None if _gguf_family_tokenizer(gguf) else AutoTokenizer.from_pretrained(str(gguf.parent),
-                                                                                gguf_file=gguf.name)
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with _one_reader_per_file():
+        # Gemma 3's tokenizer comes from the file itself (load_tokenizer); transformers' is wrong and is not kept
+        tok = None if _gguf_family_tokenizer(gguf) else AutoTokenizer.from_pretrained(str(gguf.parent),
+                                                                                    gguf_file=gguf.name)
+        hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     config = hf.config.to_dict()
     config.pop("quantization_config", None)          # the weights below are plain float32
     state = {k: v.contiguous() for k, v in hf.state_dict().items()}

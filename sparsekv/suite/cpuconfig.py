@@ -126,3 +126,62 @@ def lacks_avx512(d: dict) -> bool:
     libs = " ".join(str(d[k]) for k in ("aten", "mkl", "onednn")).upper()
     portable_build = d["extension_arch"] in ("x86-64-v3", "x86-64") and not d["bf16_prefill_kernel"]
     return not any(w in libs for w in words) and portable_build
+
+
+def build(names=CONFIGS, timeout: float = 900) -> dict[str, str]:
+    """Build the C++ extension for each configuration in `names` that this CPU can take, all at once, each in a
+    fresh process started with its environment (a process loads one build: two would register the same operators).
+    Configurations that build for the same -march share one build ("alt" and "avx2" on a CPU with AVX-512). What
+    `make kernels` runs, so that no test compiles one on a fresh clone (each build takes 30 s of two cores).
+
+    Returns {name: what happened}: "ready", the reason the extension could not be built (the torch path then runs,
+    as `kernels.cpu_decode.load` says), or why this CPU cannot take the configuration ("avx2" without AVX2 and FMA).
+    Never raises for a build that fails: a machine without a compiler still runs every test."""
+    import os
+    import subprocess
+    import sys
+    bad = [n for n in names if n not in CONFIGS]
+    if bad or isinstance(names, str):
+        raise ValueError(f"names must be a list of configurations among {list(CONFIGS)}, got {names!r}")
+    out, runs = {}, {}                  # runs: -march -> (process, [the configurations it builds for])
+    code = ("from sparsekv.kernels import cpu_decode as c; "
+            "print('ready' if c.load() else c.reason() or 'unavailable', flush=True)")
+    for name in dict.fromkeys(names):
+        try:
+            env = {**os.environ, **environment(name)}
+        except ValueError as exc:
+            out[name] = f"not built: {exc}"
+            continue
+        env.pop("OMP_NUM_THREADS", None)            # the compiler's jobs are ninja's, not OpenMP's
+        arch = env.get("SPARSEKV_CPU_ARCH", os.environ.get("SPARSEKV_CPU_ARCH", "native"))
+        if arch in runs:
+            runs[arch][1].append(name)
+            continue
+        proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        runs[arch] = (proc, [name])
+    for arch, (proc, which) in runs.items():
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            stdout = f"timed out after {timeout:.0f} s"
+        said = (stdout.strip().splitlines() or [stderr.strip().splitlines()[-1] if stderr.strip() else "?"])[-1]
+        for name in which:
+            out[name] = said if said == "ready" else f"not built ({arch}): {said}"
+    return {n: out[n] for n in dict.fromkeys(names)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sparsekv kernels [CONFIG ...]`: build the extension for each configuration (default: all) and say
+    what each got. Exit status 0 even where none could be built (the torch path runs)."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m sparsekv kernels", description=main.__doc__)
+    ap.add_argument("configs", nargs="*", metavar="CONFIG", help=f"among {', '.join(CONFIGS)} (default: all)")
+    args = ap.parse_args(argv)
+    if bad := [c for c in args.configs if c not in CONFIGS]:
+        ap.error(f"CONFIG must be among {', '.join(CONFIGS)}, got {' '.join(bad)}")
+    for name, said in build(args.configs or list(CONFIGS)).items():
+        print(f"cpu extension, {name}: {said}")
+    return 0
