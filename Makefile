@@ -58,9 +58,9 @@ smoke: setup model
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadscope
 # The CPU extension (kernels/cpu_decode.py) for this CPU and for each configuration the tests force (suite.cpuconfig:
-# "alt", "avx2"), built at once before the tests rather than by whichever test asks first (on a fresh clone, CI's
-# tests compiled two of them beside the other workers); a machine without a compiler gets the torch path and a line
-# that says why.
+# "alt", "avx2": one more build where the CPU has AVX-512, two on an AVX2-only one), built at once before the tests
+# rather than by whichever test asks first (on a fresh clone, the tests compiled them beside the other workers); a
+# machine without a compiler gets the torch path and a line that says why.
 kernels: setup
 	$(PY) -m sparsekv kernels
 

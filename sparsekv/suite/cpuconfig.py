@@ -140,8 +140,7 @@ def build(names=CONFIGS, timeout: float = 900) -> dict[str, str]:
     import os
     import subprocess
     import sys
-    bad = [n for n in names if n not in CONFIGS]
-    if bad or isinstance(names, str):
+    if isinstance(names, str) or any(n not in CONFIGS for n in names):
         raise ValueError(f"names must be a list of configurations among {list(CONFIGS)}, got {names!r}")
     out, runs = {}, {}                  # runs: -march -> (process, [the configurations it builds for])
     code = ("from sparsekv.kernels import cpu_decode as c; "
@@ -153,7 +152,7 @@ def build(names=CONFIGS, timeout: float = 900) -> dict[str, str]:
             out[name] = f"not built: {exc}"
             continue
         env.pop("OMP_NUM_THREADS", None)            # the compiler's jobs are ninja's, not OpenMP's
-        arch = env.get("SPARSEKV_CPU_ARCH", os.environ.get("SPARSEKV_CPU_ARCH", "native"))
+        arch = env.get("SPARSEKV_CPU_ARCH") or "native"    # as `cpu_decode.arch` reads it in that process
         if arch in runs:
             runs[arch][1].append(name)
             continue
